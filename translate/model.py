@@ -1,0 +1,310 @@
+"""The Transformer encoder-decoder of "Attention Is All You Need".
+
+Shapes: B batch, S source length, T target length, D d_model, H heads, K = D / H.
+Token ids: PAD=0, UNK=1, BOS=2, EOS=3 (see tokenizer.py). A source is pieces + EOS; the
+decoder reads BOS + pieces and predicts pieces + EOS (teacher forcing).
+
+Two ways through the decoder:
+- `forward(src, tgt_in)`: the whole target at once (training, scoring).
+- `encode(src)` once, then `decode_step(tokens, state)` one token at a time with a cache of
+  each layer's self-attention keys/values and the cross-attention keys/values of the
+  source, computed once per sentence (search.py). `reorder_state` follows the beams.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from translate.config import ModelConfig
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+
+def sinusoidal_positions(n_positions: int, d_model: int) -> torch.Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...). Returns (n_positions, D)."""
+    position = torch.arange(n_positions, dtype=torch.float32).unsqueeze(1)  # (P, 1)
+    div_term = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    pe = torch.zeros(n_positions, d_model)
+    pe[:, 0::2] = torch.sin(position * div_term)
+    pe[:, 1::2] = torch.cos(position * div_term[: d_model // 2])
+    return pe
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with the seed's names: W_q, W_k, W_v, W_o, scaled by 1/sqrt(d_k)."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        self.n_heads = n_heads
+        self.d_k = d_model // n_heads
+        self.dropout = dropout
+        self.W_q = nn.Linear(d_model, d_model)
+        self.W_k = nn.Linear(d_model, d_model)
+        self.W_v = nn.Linear(d_model, d_model)
+        self.W_o = nn.Linear(d_model, d_model)
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, L, D) -> (B, H, L, K)"""
+        B, L, _ = x.shape
+        return x.view(B, L, self.n_heads, self.d_k).transpose(1, 2)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """q (B, H, Lq, K), k/v (B, H, Lk, K), mask broadcastable to (B, H, Lq, Lk), True = may attend.
+
+        Returns the projected output (B, Lq, D) and, if asked, the weights (B, H, Lq, Lk).
+        """
+        B, _, Lq, _ = q.shape
+        p = self.dropout if self.training else 0.0
+        if need_weights:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)  # (B, H, Lq, Lk)
+            if is_causal:
+                Lk = k.size(2)
+                future = torch.ones(Lq, Lk, dtype=torch.bool, device=q.device).triu(Lk - Lq + 1)
+                scores = scores.masked_fill(future, float("-inf"))
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+            out = F.dropout(weights, p, self.training) @ v  # (B, H, Lq, K)
+        else:
+            weights = None
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal)
+        out = out.transpose(1, 2).reshape(B, Lq, self.n_heads * self.d_k)  # (B, Lq, D)
+        return self.W_o(out), weights
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key_value: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """query (B, Lq, D) attends over key_value (B, Lk, D)."""
+        q = self.split_heads(self.W_q(query))
+        k = self.split_heads(self.W_k(key_value))
+        v = self.split_heads(self.W_v(key_value))
+        return self.attend(q, k, v, mask, is_causal, need_weights)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear2(self.dropout(F.relu(self.linear1(x))))
+
+
+class Sublayer(nn.Module):
+    """Residual connection around a sublayer, with post-norm (Add & Norm) or pre-norm."""
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def inp(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x) if self.pre_norm else x
+
+    def out(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x = x + self.dropout(y)
+        return x if self.pre_norm else self.norm(x)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        pre = cfg.norm == "pre"
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
+        self.sub_attn = Sublayer(cfg.d_model, cfg.dropout, pre)
+        self.sub_ffn = Sublayer(cfg.d_model, cfg.dropout, pre)
+
+    def forward(self, x: torch.Tensor, src_mask: torch.Tensor, need_weights: bool = False):
+        """x (B, S, D), src_mask (B, 1, 1, S) True = real token."""
+        h = self.sub_attn.inp(x)
+        y, w = self.self_attn(h, h, src_mask, need_weights=need_weights)
+        x = self.sub_attn.out(x, y)
+        x = self.sub_ffn.out(x, self.ffn(self.sub_ffn.inp(x)))
+        return x, w
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        pre = cfg.norm == "pre"
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
+        self.sub_self = Sublayer(cfg.d_model, cfg.dropout, pre)
+        self.sub_cross = Sublayer(cfg.d_model, cfg.dropout, pre)
+        self.sub_ffn = Sublayer(cfg.d_model, cfg.dropout, pre)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        src_mask: torch.Tensor,
+        need_weights: bool = False,
+    ):
+        """Whole-target pass. x (B, T, D), memory (B, S, D), src_mask (B, 1, 1, S)."""
+        h = self.sub_self.inp(x)
+        y, w_self = self.self_attn(h, h, None, is_causal=True, need_weights=need_weights)
+        x = self.sub_self.out(x, y)
+        y, w_cross = self.cross_attn(self.sub_cross.inp(x), memory, src_mask, need_weights=need_weights)
+        x = self.sub_cross.out(x, y)
+        x = self.sub_ffn.out(x, self.ffn(self.sub_ffn.inp(x)))
+        return x, w_self, w_cross
+
+    def step(self, x: torch.Tensor, cache: dict[str, torch.Tensor], src_mask: torch.Tensor) -> torch.Tensor:
+        """One new position. x (B, 1, D); cache holds self k/v (B, H, t, K) and cross k/v (B, H, S, K)."""
+        h = self.sub_self.inp(x)
+        attn = self.self_attn
+        q, k, v = attn.split_heads(attn.W_q(h)), attn.split_heads(attn.W_k(h)), attn.split_heads(attn.W_v(h))
+        if "k" in cache:
+            k = torch.cat([cache["k"], k], dim=2)  # (B, H, t+1, K)
+            v = torch.cat([cache["v"], v], dim=2)
+        cache["k"], cache["v"] = k, v
+        y, _ = attn.attend(q, k, v)  # the new position may see every cached one
+        x = self.sub_self.out(x, y)
+        cross = self.cross_attn
+        q = cross.split_heads(cross.W_q(self.sub_cross.inp(x)))
+        y, _ = cross.attend(q, cache["mk"], cache["mv"], src_mask)
+        x = self.sub_cross.out(x, y)
+        return self.sub_ffn.out(x, self.ffn(self.sub_ffn.inp(x)))
+
+
+@dataclass
+class DecoderState:
+    """What incremental decoding carries between steps; every tensor has the batch first."""
+
+    src_mask: torch.Tensor  # (B, 1, 1, S) True = real source token
+    caches: list[dict[str, torch.Tensor]]  # per decoder layer: k, v (B, H, t, K); mk, mv (B, H, S, K)
+    step: int = 0  # positions decoded so far
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        D = cfg.d_model
+        self.embed = nn.Embedding(vocab_size, D, padding_idx=PAD)
+        self.tgt_embed = self.embed if cfg.tie_embeddings else nn.Embedding(vocab_size, D, padding_idx=PAD)
+        self.register_buffer("pe", sinusoidal_positions(cfg.max_positions, D), persistent=False)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        pre = cfg.norm == "pre"
+        self.enc_norm = nn.LayerNorm(D) if pre else nn.Identity()
+        self.dec_norm = nn.LayerNorm(D) if pre else nn.Identity()
+        self.output = nn.Linear(D, vocab_size, bias=False)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.reset_parameters()
+        if cfg.tie_embeddings:
+            self.output.weight = self.embed.weight
+
+    def reset_parameters(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
+        for emb in {self.embed, self.tgt_embed}:
+            nn.init.normal_(emb.weight, mean=0.0, std=self.cfg.d_model**-0.5)
+            nn.init.zeros_(emb.weight[PAD])
+
+    # -------------------------------------------------------------------- pieces
+
+    def embed_tokens(self, emb: nn.Embedding, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """tokens (B, L) -> (B, L, D): scaled embedding + positions offset..offset+L-1."""
+        L = tokens.size(1)
+        if offset + L > self.pe.size(0):
+            self.pe = sinusoidal_positions(2 * (offset + L), self.cfg.d_model).to(self.pe.device)
+        x = emb(tokens) * math.sqrt(self.cfg.d_model) + self.pe[offset : offset + L].to(emb.weight.dtype)
+        return self.dropout(x)
+
+    def encode(self, src: torch.Tensor, need_weights: bool = False):
+        """src (B, S) -> memory (B, S, D), src_mask (B, 1, 1, S) [, per-layer self-attention weights]."""
+        src_mask = (src != PAD)[:, None, None, :]
+        x = self.embed_tokens(self.embed, src)
+        weights = []
+        for layer in self.encoder:
+            x, w = layer(x, src_mask, need_weights)
+            weights.append(w)
+        memory = self.enc_norm(x)
+        return (memory, src_mask, weights) if need_weights else (memory, src_mask)
+
+    def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor, need_weights: bool = False):
+        """Whole-target decoder pass: tgt_in (B, T) -> hidden states (B, T, D) [, weights]."""
+        x = self.embed_tokens(self.tgt_embed, tgt_in)
+        self_w, cross_w = [], []
+        for layer in self.decoder:
+            x, ws, wc = layer(x, memory, src_mask, need_weights)
+            self_w.append(ws)
+            cross_w.append(wc)
+        x = self.dec_norm(x)
+        return (x, self_w, cross_w) if need_weights else x
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Teacher forcing. src (B, S), tgt_in (B, T) -> logits (B, T, V).
+
+        With `keep` (B, T) bool, only those positions are projected: logits (N, V), N = keep.sum().
+        """
+        memory, src_mask = self.encode(src)
+        h = self.decode(tgt_in, memory, src_mask)
+        if keep is not None:
+            h = h[keep]  # (N, D)
+        return self.output(h)
+
+    def attention(self, src: torch.Tensor, tgt_in: torch.Tensor) -> dict[str, list[torch.Tensor]]:
+        """Attention weights of every layer: encoder self (B, H, S, S), decoder self (B, H, T, T),
+        cross (B, H, T, S)."""
+        memory, src_mask, enc_w = self.encode(src, need_weights=True)
+        _, dec_w, cross_w = self.decode(tgt_in, memory, src_mask, need_weights=True)
+        return {"encoder": enc_w, "decoder": dec_w, "cross": cross_w}
+
+    # -------------------------------------------------------------------- incremental decoding
+
+    def init_state(self, memory: torch.Tensor, src_mask: torch.Tensor) -> DecoderState:
+        """Compute every decoder layer's cross-attention keys/values once: (B, H, S, K)."""
+        caches = []
+        for layer in self.decoder:
+            cross = layer.cross_attn
+            caches.append({"mk": cross.split_heads(cross.W_k(memory)), "mv": cross.split_heads(cross.W_v(memory))})
+        return DecoderState(src_mask=src_mask, caches=caches)
+
+    def decode_step(self, tokens: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        """tokens (B,) the last output of each row -> logits (B, V) of the next token; updates state."""
+        x = self.embed_tokens(self.tgt_embed, tokens[:, None], offset=state.step)  # (B, 1, D)
+        for layer, cache in zip(self.decoder, state.caches):
+            x = layer.step(x, cache, state.src_mask)
+        state.step += 1
+        return self.output(self.dec_norm(x[:, 0]))
+
+    @staticmethod
+    def reorder_state(state: DecoderState, index: torch.Tensor) -> DecoderState:
+        """Keep/reorder/repeat rows: every cached tensor becomes tensor[index]."""
+        caches = [{k: t.index_select(0, index) for k, t in c.items()} for c in state.caches]
+        return DecoderState(state.src_mask.index_select(0, index), caches, state.step)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())

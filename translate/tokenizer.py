@@ -1,0 +1,97 @@
+"""One joint SentencePiece vocabulary for both languages: PAD=0, UNK=1, BOS=2, EOS=3.
+
+The model lives in the run dir as `spm.model` and, as bytes, inside every checkpoint, so a
+checkpoint decodes text with nothing else.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import sentencepiece as spm
+
+from translate.errors import UserError
+from translate.model import BOS, EOS, PAD, UNK
+
+log = logging.getLogger("translate")
+
+
+class Tokenizer:
+    def __init__(self, model_bytes: bytes) -> None:
+        self.model_bytes = bytes(model_bytes)
+        self.sp = spm.SentencePieceProcessor(model_proto=self.model_bytes)
+        ids = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
+        if ids != (PAD, UNK, BOS, EOS):
+            raise UserError(f"SentencePiece model has PAD/UNK/BOS/EOS ids {ids}, expected (0, 1, 2, 3)")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        path = Path(path)
+        if not path.is_file():
+            raise UserError(f"SentencePiece model not found: {path}")
+        try:
+            return cls(path.read_bytes())
+        except RuntimeError:
+            raise UserError(f"{path}: not a SentencePiece model") from None
+
+    @classmethod
+    def train(
+        cls,
+        sentences: Iterable[str],
+        vocab_size: int,
+        model_type: str = "unigram",
+        character_coverage: float = 1.0,
+        seed: int = 1,
+    ) -> Tokenizer:
+        """Train on the given sentences (a sample of both sides of the train split)."""
+        model = io.BytesIO()
+        spm.set_random_generator_seed(seed)
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(sentences),
+                model_writer=model,
+                vocab_size=vocab_size,
+                model_type=model_type,
+                character_coverage=character_coverage,
+                pad_id=PAD,
+                unk_id=UNK,
+                bos_id=BOS,
+                eos_id=EOS,
+                input_sentence_size=0,  # the caller already sampled
+                max_sentence_length=16384,
+                hard_vocab_limit=True,
+                minloglevel=2,
+            )
+        except RuntimeError as e:
+            limit = re.search(r"value <= (\d+)", str(e))
+            if limit:
+                raise UserError(
+                    f"vocab.size {vocab_size} is too large for this corpus: set it to at most {limit.group(1)}"
+                ) from None
+            raise
+        return cls(model.getvalue())
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_bytes(self.model_bytes)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """Texts -> piece ids (no BOS/EOS)."""
+        return self.sp.encode(texts, out_type=int)
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        """Piece ids -> detokenized text; PAD/BOS/EOS are dropped."""
+        return self.sp.decode([[i for i in seq if i not in (PAD, BOS, EOS)] for seq in ids])
+
+    def pieces(self, text: str) -> list[str]:
+        return self.sp.encode(text, out_type=str)
+
+    def id_to_piece(self, i: int) -> str:
+        return self.sp.id_to_piece(i)
