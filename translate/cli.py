@@ -1,0 +1,243 @@
+"""The `translate` command line: thin commands that parse, call one library function, print."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from translate.errors import UserError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="English->French Transformer translation: prepare data, train, decode, evaluate.",
+)
+log = logging.getLogger("translate")
+
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Experiment YAML (or a run dir holding config.yaml).")]
+SetOpt = Annotated[
+    Optional[list[str]], typer.Option("--set", "-s", help="Override a config key: section.key=value (repeatable).")
+]
+Checkpoint = Annotated[Path, typer.Argument(help="A checkpoint written by `translate train` (e.g. runs/NAME/checkpoints/best.pt).")]
+BeamOpt = Annotated[Optional[int], typer.Option("--beam", "-b", help="Beam size; 1 = greedy. Default: the checkpoint's decode.beam_size.")]
+LenpenOpt = Annotated[Optional[float], typer.Option("--lenpen", help="GNMT length penalty alpha. Default: decode.length_penalty.")]
+BatchOpt = Annotated[Optional[int], typer.Option("--batch-tokens", help="Source tokens per batch. Default: decode.batch_tokens.")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]
+
+
+class _TqdmHandler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(self.format(record), file=sys.stderr)
+
+
+def _setup_logging(verbose: bool = False) -> None:
+    root = logging.getLogger("translate")
+    if not root.handlers:
+        handler = _TqdmHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root.handlers[0].setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def _load_cfg(config: Path, overrides: Optional[list[str]]):
+    from translate.config import load_config
+
+    if config.is_dir():
+        config = config / "config.yaml"
+    return load_config(config, overrides or [])
+
+
+def _log_to_file(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    handler.setLevel(logging.DEBUG)
+    logging.getLogger("translate").addHandler(handler)
+    logging.getLogger("translate").setLevel(logging.DEBUG)
+
+
+@app.command()
+def prepare(
+    config: ConfigOpt,
+    set_: SetOpt = None,
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the prepared data matches the config.")] = False,
+) -> None:
+    """Fetch, clean and split the corpus, train SentencePiece, encode every split to ids."""
+    from translate.data import prepare as run_prepare
+
+    cfg = _load_cfg(config, set_)
+    _log_to_file(cfg.run_path / "prepare.log")
+    data_dir = run_prepare(cfg, force=force)
+    typer.echo(f"prepared data in {data_dir}, vocabulary {cfg.run_path / 'spm.model'}")
+
+
+@app.command()
+def train(
+    config: ConfigOpt,
+    set_: SetOpt = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run from its checkpoints/last.pt.")] = False,
+) -> None:
+    """Train a Transformer (prepares the data first if needed). TensorBoard logs in RUN_DIR/NAME/tb."""
+    import os
+
+    from translate.train import train as run_train
+
+    cfg = _load_cfg(config, set_)
+    if os.environ.get("RANK", "0") == "0":
+        _log_to_file(cfg.run_path / "train.log")
+    metrics = run_train(cfg, resume=resume)
+    if metrics and os.environ.get("RANK", "0") == "0":
+        typer.echo(f"last validation: {json.dumps({k: round(v, 3) for k, v in metrics.items()})}")
+        typer.echo(f"checkpoints in {cfg.run_path / 'checkpoints'}")
+
+
+@app.command()
+def decode(
+    checkpoints: Annotated[list[Path], typer.Argument(help="One checkpoint, or several of one vocabulary (an ensemble).")],
+    input: Annotated[str, typer.Option("--input", "-i", help="English text, one sentence a line; - for stdin.")] = "-",
+    output: Annotated[str, typer.Option("--output", "-o", help="Where the French goes; - for stdout.")] = "-",
+    beam: BeamOpt = None,
+    lenpen: LenpenOpt = None,
+    nbest: Annotated[int, typer.Option("--nbest", help="Write the K best translations of each line.")] = 1,
+    scores: Annotated[bool, typer.Option("--scores", help="Write index<TAB>score<TAB>text (TSV).")] = False,
+    batch_tokens: BatchOpt = None,
+    max_len_a: Annotated[Optional[float], typer.Option(help="Max output length = a * source length + b.")] = None,
+    max_len_b: Annotated[Optional[int], typer.Option(help="See --max-len-a.")] = None,
+    device: DeviceOpt = "auto",
+) -> None:
+    """Translate a text file (or stdin) with greedy (--beam 1) or beam search."""
+    from translate.translator import decode_file
+
+    decode_file(
+        checkpoints, input, output, beam=beam, length_penalty=lenpen, nbest=nbest, with_scores=scores,
+        batch_tokens=batch_tokens, max_len_a=max_len_a, max_len_b=max_len_b, device=device,
+    )  # fmt: skip
+
+
+@app.command()
+def evaluate(
+    checkpoints: Annotated[Optional[list[Path]], typer.Argument(help="Checkpoint(s) to translate --src with.")] = None,
+    src: Annotated[Optional[Path], typer.Option("--src", help="English source file to translate.")] = None,
+    ref: Annotated[Path, typer.Option("--ref", help="French reference file, one line per source line.")] = ...,
+    hyp: Annotated[Optional[Path], typer.Option("--hyp", help="Score this existing output instead of translating.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Also save the translations here.")] = None,
+    beam: BeamOpt = None,
+    lenpen: LenpenOpt = None,
+    batch_tokens: BatchOpt = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the scores and signatures as JSON.")] = None,
+    device: DeviceOpt = "auto",
+) -> None:
+    """sacreBLEU BLEU and chrF (with signatures) of a checkpoint on --src/--ref, or of --hyp against --ref."""
+    from translate.evaluate import format_scores, read_lines, score, write_json
+    from translate.translator import translate_file_lines
+
+    references = read_lines(ref, "reference")
+    if hyp is not None:
+        if checkpoints or src:
+            raise UserError("give either --hyp (score existing output) or a checkpoint with --src, not both")
+        hypotheses = read_lines(hyp, "hypothesis")
+    else:
+        if not checkpoints or src is None:
+            raise UserError("evaluate needs a checkpoint and --src, or --hyp (see translate evaluate --help)")
+        sources = read_lines(src, "source")
+        if len(sources) != len(references):
+            raise UserError(f"{src} has {len(sources)} lines but {ref} has {len(references)}: they must match")
+        hypotheses = translate_file_lines(
+            checkpoints, sources, beam=beam, length_penalty=lenpen, batch_tokens=batch_tokens, device=device, output=output
+        )
+    scores = score(hypotheses, references)
+    typer.echo(format_scores(scores))
+    if json_out:
+        write_json(scores, json_out)
+
+
+@app.command()
+def average(
+    checkpoints: Annotated[Optional[list[Path]], typer.Argument(help="Checkpoints of one run to average.")] = None,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where the averaged checkpoint goes.")] = ...,
+    last: Annotated[Optional[int], typer.Option("--last", help="Average the last N step checkpoints of --run.")] = None,
+    run: Annotated[Optional[Path], typer.Option("--run", help="Run dir (RUN_DIR/NAME) for --last.")] = None,
+) -> None:
+    """Average the weights of several checkpoints (often better than any one of them)."""
+    from translate.checkpoint import atomic_save, average_checkpoints, step_checkpoints
+
+    if last is not None:
+        if run is None:
+            raise UserError("--last N needs --run RUN_DIR/NAME")
+        paths = step_checkpoints(run / "checkpoints")[-last:]
+        if len(paths) < last:
+            raise UserError(f"{run / 'checkpoints'} holds {len(paths)} step checkpoints, fewer than --last {last}")
+    else:
+        paths = list(checkpoints or [])
+    if len(paths) < 2:
+        raise UserError("average needs at least two checkpoints (or --last N --run RUN_DIR/NAME)")
+    if output.resolve() in {p.resolve() for p in paths}:
+        raise UserError(f"--output {output} is one of the inputs; choose another file")
+    atomic_save(average_checkpoints(paths), output)
+    typer.echo(f"averaged {len(paths)} checkpoints into {output}")
+
+
+@app.command()
+def attention(
+    checkpoint: Checkpoint,
+    sentence: Annotated[str, typer.Argument(help="An English sentence.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="PNG file to write.")] = Path("attention.png"),
+    layer: Annotated[int, typer.Option("--layer", help="Decoder layer (0-based; -1 = last).")] = -1,
+    head: Annotated[Optional[int], typer.Option("--head", help="Attention head (default: mean of all heads).")] = None,
+    beam: BeamOpt = None,
+) -> None:
+    """Translate one sentence and plot its cross-attention as a heatmap over subword pieces."""
+    from translate.translator import plot_attention
+
+    translation = plot_attention(checkpoint, sentence, output, layer=layer, head=head, beam=beam)
+    typer.echo(f"{translation}\nattention heatmap written to {output}")
+
+
+@app.command()
+def info(checkpoint: Checkpoint) -> None:
+    """Config, parameter count, vocabulary, step and scores of a checkpoint."""
+    import yaml
+
+    from translate.checkpoint import checkpoint_config, load_checkpoint
+    from translate.model import Transformer, count_parameters
+
+    ckpt = load_checkpoint(checkpoint)
+    cfg = checkpoint_config(ckpt)
+    n_params = count_parameters(Transformer(cfg.model, ckpt["vocab_size"]))
+    typer.echo(f"checkpoint: {checkpoint}")
+    typer.echo(f"step: {ckpt.get('step')}  epoch: {ckpt.get('epoch')}  parameters: {n_params:,}")
+    typer.echo(f"vocabulary: {ckpt['vocab_size']} SentencePiece pieces ({cfg.vocab.model_type})")
+    if ckpt.get("metrics"):
+        typer.echo("validation: " + ", ".join(f"{k} {v:.3f}" for k, v in ckpt["metrics"].items()))
+    if ckpt.get("progress", {}).get("best") is not None:
+        p = ckpt["progress"]
+        typer.echo(f"best valid {cfg.train.best_metric}: {p['best']:.3f} at step {p['best_step']}")
+    if ckpt.get("averaged_from"):
+        typer.echo(f"averaged from: {', '.join(ckpt['averaged_from'])}")
+    typer.echo("versions: " + ", ".join(f"{k} {v}" for k, v in ckpt.get("versions", {}).items()))
+    typer.echo("config:\n" + yaml.safe_dump(ckpt["config"], sort_keys=False).rstrip())
+
+
+def main() -> None:
+    _setup_logging()
+    try:
+        app()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

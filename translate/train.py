@@ -1,0 +1,555 @@
+"""The training loop: schedule, AMP, accumulation, clipping, DDP, validation, checkpoints, logging.
+
+One update reads `accumulate` batches on each of the world's ranks; the gradient of the
+summed token loss is divided by the number of target tokens of the whole update, so the
+update does not depend on how the tokens were split across batches or devices. The sampler's
+position (epoch, global batch index) is part of every checkpoint: a resumed run reads
+exactly the batches an uninterrupted run would have read.
+"""
+
+from __future__ import annotations
+
+import fcntl
+from contextlib import nullcontext
+import logging
+import math
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from translate.checkpoint import (
+    CHECKPOINT_FORMAT,
+    atomic_save,
+    average_checkpoints,
+    load_checkpoint,
+    prune,
+    rng_state,
+    set_rng_state,
+    step_checkpoints,
+    versions,
+)
+from translate.config import Config, config_to_dict, save_config
+from translate.data import Batch, collate, is_prepared, load_split, prepare, shard_batches, token_batches
+from translate.errors import UserError
+from translate.evaluate import read_lines, score
+from translate.loss import label_smoothed_nll_loss
+from translate.model import PAD, Transformer, count_parameters
+from translate.plot import attention_figure, cross_attention, figure_to_array
+from translate.tokenizer import Tokenizer
+from translate.translator import translate_lines
+
+log = logging.getLogger("translate")
+
+
+# ---------------------------------------------------------------------------- set-up
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    if name == "auto":
+        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UserError(f"train.device is '{name}' but no CUDA GPU is available (use device: auto or cpu)")
+        return torch.device(name if ":" in name else f"cuda:{local_rank}")
+    return torch.device("cpu")
+
+
+def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for `train.amp` on this device, or None for full fp32."""
+    if amp == "off":
+        return None
+    if device.type == "cuda":
+        if amp == "fp16" or (amp == "auto" and not torch.cuda.is_bf16_supported()):
+            return torch.float16
+        return torch.bfloat16
+    if amp == "fp16":
+        raise UserError("train.amp: fp16 needs a CUDA GPU; on CPU use bf16 or off")
+    return torch.bfloat16 if amp == "bf16" else None  # auto on CPU: fp32
+
+
+def lr_lambda(cfg: Config):
+    """Multiplier of train.lr after `step` updates (LambdaLR); linear warmup for every schedule."""
+    t, d = cfg.train, cfg.model.d_model
+    warmup = max(t.warmup_steps, 1)
+
+    def factor(step: int) -> float:
+        s = step + 1  # the update about to be made
+        if t.schedule == "noam":  # d^-0.5 * min(s^-0.5, s * w^-1.5), train.lr ignored
+            return d**-0.5 * min(s**-0.5, s * warmup**-1.5) / t.lr
+        if s < warmup:
+            return s / warmup
+        if t.schedule == "inverse_sqrt":
+            return math.sqrt(warmup / s)
+        progress = min((s - warmup) / max(t.max_steps - warmup, 1), 1.0)  # cosine
+        floor = t.min_lr / t.lr
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def build_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
+    t = cfg.train
+    cls = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.Adam
+    return cls(model.parameters(), lr=t.lr, betas=tuple(t.adam_betas), eps=t.adam_eps, weight_decay=t.weight_decay)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class Progress:
+    """Counters saved in every checkpoint; `position` is the next global batch of `epoch`."""
+
+    step: int = 0
+    epoch: int = 0
+    position: int = 0
+    best: float | None = None
+    best_step: int = 0
+    bad_evals: int = 0
+    skipped: int = 0
+
+
+class RunLock:
+    """An exclusive lock on the run dir, so two trainings cannot write one run at once."""
+
+    def __init__(self, run: Path) -> None:
+        self.file = open(run / ".lock", "w")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"{run} is in use by another training (it holds {run}/.lock)") from None
+
+    def release(self) -> None:
+        fcntl.flock(self.file, fcntl.LOCK_UN)
+        self.file.close()
+
+
+class StopRequest:
+    """SIGINT/SIGTERM ask the loop to finish its update, save and exit."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def handle(self, signum, frame) -> None:
+        if self.signum is not None:  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def restore(self) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+# ---------------------------------------------------------------------------- the loop
+
+
+class Trainer:
+    def __init__(self, cfg: Config, resume: bool) -> None:
+        self.cfg = cfg
+        self.run = cfg.run_path
+        self.ckpt_dir = self.run / "checkpoints"
+        self.distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.main = self.rank == 0
+        self.device = resolve_device(cfg.train.device, self.local_rank)
+        self.amp = amp_dtype(cfg.train.amp, self.device)
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+
+        if self.main:
+            self.run.mkdir(parents=True, exist_ok=True)
+            self.lock = RunLock(self.run)
+            self._check_run_dir(resume)
+            prepare(cfg)
+        else:
+            while not is_prepared(cfg):
+                time.sleep(1)
+        if self.distributed:
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            dist.init_process_group(backend)
+
+        data_dir = self.run / "data"
+        self.tokenizer = Tokenizer.load(self.run / "spm.model")
+        self.train_data = load_split(data_dir, "train")
+        self.valid_data = load_split(data_dir, "valid")
+        self.valid_src = read_lines(data_dir / f"valid.{cfg.data.src_lang}", "valid source")
+        self.valid_ref = read_lines(data_dir / f"valid.{cfg.data.tgt_lang}", "valid reference")
+
+        seed_everything(cfg.seed)
+        self.model = Transformer(cfg.model, self.tokenizer.vocab_size).to(self.device)
+        self.optimizer = build_optimizer(cfg, self.model)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == torch.float16)
+        self.progress = Progress()
+        last = self.ckpt_dir / "last.pt"
+        if resume and last.is_file():
+            self._restore(load_checkpoint(last))
+        elif resume and self.main:
+            log.info(f"--resume: {last} does not exist yet, starting from step 0")
+
+        self.net: torch.nn.Module = self.model
+        if self.distributed:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.net = DDP(self.model, device_ids=ids, broadcast_buffers=False)
+        if cfg.train.compile:
+            self.net = torch.compile(self.net)
+        self.writer = None
+        if self.main:
+            self.ckpt_dir.mkdir(exist_ok=True)
+            save_config(cfg, self.run / "config.yaml")
+            self.writer = SummaryWriter(self.run / "tb", purge_step=self.progress.step + 1)
+            log.info(
+                f"model: {count_parameters(self.model):,} parameters, vocab {self.tokenizer.vocab_size}; "
+                f"device {self.device}, amp {self.amp or 'off'}, world size {self.world}; "
+                f"{len(self.train_data):,} train pairs"
+            )
+
+    def _check_run_dir(self, resume: bool) -> None:
+        earlier = step_checkpoints(self.ckpt_dir) + [p for p in (self.ckpt_dir / "last.pt", self.run / "tb") if p.exists()]
+        if earlier and not resume:
+            raise UserError(
+                f"{self.run} already holds a training run ({earlier[0]}): add --resume to continue it, "
+                f"or train under another name (--set name=...)"
+            )
+
+    def _restore(self, ckpt: dict[str, Any]) -> None:
+        saved = ckpt["config"]
+        now = config_to_dict(self.cfg)
+        for section in ("model", "vocab", "data"):
+            for key, value in saved[section].items():
+                if now[section].get(key) != value:
+                    raise UserError(
+                        f"cannot resume: {section}.{key} is {now[section].get(key)!r} here but "
+                        f"{value!r} in {self.ckpt_dir / 'last.pt'}"
+                    )
+        if ckpt["spm_model"] != self.tokenizer.model_bytes:
+            raise UserError(f"cannot resume: {self.run / 'spm.model'} is not the vocabulary the checkpoint was trained with")
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.scaler.load_state_dict(ckpt["scaler"])
+        self.progress = Progress(**ckpt["progress"])
+        set_rng_state(ckpt["rng"][min(self.rank, len(ckpt["rng"]) - 1)])
+        if self.main:
+            log.info(f"resumed from {self.ckpt_dir / 'last.pt'} at step {self.progress.step}")
+
+    # ------------------------------------------------------------------------ one update
+
+    def _forward_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        keep = batch.tgt_out != PAD if self.device.type == "cpu" else None
+        with torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
+            logits = self.net(batch.src, batch.tgt_in, keep)
+        target = batch.tgt_out[keep] if keep is not None else batch.tgt_out
+        loss, nll, _ = label_smoothed_nll_loss(logits, target, self.cfg.train.label_smoothing, PAD)
+        return loss, nll
+
+    def _update(self, batches: list[Batch], stop_flag: int) -> tuple[dict[str, torch.Tensor], bool, bool]:
+        """One optimizer update over this rank's batches. Returns (sums, finite, stop requested)."""
+        counts = torch.tensor([sum(b.ntokens for b in batches), stop_flag], dtype=torch.float64, device=self.device)
+        if self.distributed:
+            dist.all_reduce(counts)
+        ntokens, stop = counts[0], bool(counts[1].item() > 0)
+        scale = self.world / ntokens  # DDP averages gradients over ranks
+        loss_sum = torch.zeros((), device=self.device)
+        nll_sum = torch.zeros((), device=self.device)
+        for i, batch in enumerate(batches):
+            batch = batch.to(self.device)
+            sync = i == len(batches) - 1 or not self.distributed
+            ctx = self.net.no_sync() if not sync and hasattr(self.net, "no_sync") else nullcontext()
+            with ctx:
+                loss, nll = self._forward_loss(batch)
+                self.scaler.scale(loss * scale.to(loss.dtype)).backward()
+            loss_sum += loss.detach()
+            nll_sum += nll
+        self.scaler.unscale_(self.optimizer)
+        clip = self.cfg.train.clip_norm if self.cfg.train.clip_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        finite = bool(torch.isfinite(grad_norm).item()) and bool(torch.isfinite(loss_sum).item())
+        if self.scaler.is_enabled():
+            self.scaler.step(self.optimizer)  # skips the step itself when gradients overflowed
+            self.scaler.update()
+        elif finite:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if finite:
+            self.scheduler.step()
+        local = sum(b.ntokens for b in batches)
+        sums = {"loss": loss_sum, "nll": nll_sum, "ntokens": local, "all_ntokens": ntokens, "grad_norm": grad_norm}
+        return sums, finite, stop
+
+    # ------------------------------------------------------------------------ validation
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        self.model.eval()
+        batches = token_batches(self.valid_data.src_lens, self.valid_data.tgt_lens, self.cfg.train.max_tokens, shuffle=False)
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)
+        for idx in batches[self.rank :: self.world]:
+            batch = collate(self.valid_data, idx).to(self.device)
+            with torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
+                logits = self.model(batch.src, batch.tgt_in)
+            loss, nll, n = label_smoothed_nll_loss(logits, batch.tgt_out, self.cfg.train.label_smoothing, PAD)
+            sums += torch.stack([loss.double(), nll.double(), n.double()])
+        if self.distributed:
+            dist.all_reduce(sums)
+        loss, nll, n = sums.tolist()
+        metrics = {"loss": loss / n, "nll": nll / n, "ppl": math.exp(min(nll / n, 50))}
+        scores = torch.zeros(2, dtype=torch.float64, device=self.device)
+        if self.main:
+            limit = self.cfg.train.eval_max_sentences or len(self.valid_src)
+            hyps = self._translate(self.valid_src[:limit])
+            s = score(hyps, self.valid_ref[:limit])
+            scores += torch.tensor([s["bleu"], s["chrf"]], dtype=torch.float64)
+            self._log_samples(hyps)
+        if self.distributed:
+            dist.broadcast(scores, 0)  # every rank takes the same early-stopping decision
+        metrics["bleu"], metrics["chrf"] = scores.tolist()
+        self.model.train()
+        return metrics
+
+    def _translate(self, lines: list[str]) -> list[str]:
+        d = self.cfg.decode
+        out = translate_lines(
+            [self.model],
+            self.tokenizer,
+            lines,
+            beam_size=self.cfg.train.eval_beam_size,
+            length_penalty=d.length_penalty,
+            max_len_a=d.max_len_a,
+            max_len_b=d.max_len_b,
+            batch_tokens=d.batch_tokens,
+            device=self.device,
+        )
+        return [nbest[0][0] for nbest in out]
+
+    def _log_samples(self, hyps: list[str]) -> None:
+        step = self.progress.step
+        text = "\n\n".join(
+            f"**source:** {s}  \n**reference:** {r}  \n**output:** {h}"
+            for s, r, h in list(zip(self.valid_src, self.valid_ref, hyps))[:3]
+        )
+        self.writer.add_text("valid/samples", text, step)
+        for k in range(min(2, len(hyps))):
+            target = self.tokenizer.encode([hyps[k]])[0][: self.cfg.model.max_positions - 2]
+            w, sp, tp = cross_attention(self.model, self.tokenizer, self.valid_src[k], target)
+            fig = attention_figure(w, sp, tp, title=f"step {step}: cross-attention, last layer, mean of heads")
+            self.writer.add_image(f"valid/attention_{k}", figure_to_array(fig), step, dataformats="HWC")
+
+    def _improved(self, metrics: dict[str, float]) -> bool:
+        key = self.cfg.train.best_metric
+        value = metrics[key]
+        best = self.progress.best
+        better = best is None or (value < best if key == "loss" else value > best)
+        if better:
+            self.progress.best, self.progress.best_step, self.progress.bad_evals = value, self.progress.step, 0
+        else:
+            self.progress.bad_evals += 1
+        return better
+
+    # ------------------------------------------------------------------------ checkpoints
+
+    def save(self, best: bool, metrics: dict[str, float] | None) -> None:
+        rng = self._gather_rng()  # a collective: every rank takes part
+        if not self.main:
+            return
+        step = self.progress.step
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "versions": versions(),
+            "config": config_to_dict(self.cfg),
+            "vocab_size": self.tokenizer.vocab_size,
+            "spm_model": self.tokenizer.model_bytes,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "progress": asdict(self.progress),
+            "rng": rng,
+            "step": step,
+            "epoch": self.progress.epoch,
+            "metrics": metrics or {},
+        }
+        path = self.ckpt_dir / f"step_{step:07d}.pt"
+        atomic_save(state, path)
+        _link(path, self.ckpt_dir / "last.pt")
+        if best:
+            _link(path, self.ckpt_dir / "best.pt")
+        prune(self.ckpt_dir, self.cfg.train.keep_last)
+
+    def _gather_rng(self) -> list[dict[str, Any]]:
+        """Every rank's RNG state (rank order), so a resumed DDP run draws the same dropout masks."""
+        state = rng_state()
+        if not self.distributed:
+            return [state]
+        states: list[Any] = [None] * self.world
+        dist.all_gather_object(states, state)
+        return states
+
+    # ------------------------------------------------------------------------ main loop
+
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        t = self.cfg.train
+        batches = token_batches(self.train_data.src_lens, self.train_data.tgt_lens, t.max_tokens, self.cfg.seed, epoch)
+        return batches[: len(batches) - len(batches) % self.world]
+
+    def fit(self) -> dict[str, float]:
+        cfg, t, p = self.cfg, self.cfg.train, self.progress
+        stopper = StopRequest()
+        bar = tqdm(total=t.max_steps, initial=p.step, desc="train", unit="step", disable=not self.main, dynamic_ncols=True)
+        window = {"loss": 0.0, "nll": 0.0, "ntokens": 0.0, "all_ntokens": 0.0, "grad_norm": 0.0, "updates": 0}
+        window_start, metrics, bad_in_row, stop_reason = time.perf_counter(), {}, 0, None
+        per_update = t.accumulate * self.world
+        if p.step >= t.max_steps:
+            stop_reason = f"already at train.max_steps={t.max_steps}"
+        self.model.train()
+        try:
+            while stop_reason is None:
+                if t.max_epochs is not None and p.epoch >= t.max_epochs:
+                    stop_reason = f"reached train.max_epochs={t.max_epochs}"
+                    break
+                batches = self.epoch_batches(p.epoch)
+                if len(batches) < per_update:
+                    raise UserError(
+                        f"the train split gives {len(batches)} batches of train.max_tokens={t.max_tokens} tokens, "
+                        f"fewer than one update needs ({per_update}): lower train.max_tokens or train.accumulate"
+                    )
+                while p.position + per_update <= len(batches):
+                    mine = [batches[p.position + k * self.world + self.rank] for k in range(t.accumulate)]
+                    p.position += per_update
+                    sums, finite, stop = self._update([collate(self.train_data, b) for b in mine], stopper.signum or 0)
+                    if not finite:
+                        p.skipped += 1
+                        bad_in_row += 1
+                        if self.main:
+                            self.writer.add_scalar("train/skipped_updates", p.skipped, p.step)
+                        if bad_in_row >= t.max_bad_steps:
+                            raise UserError(
+                                f"{bad_in_row} updates in a row had a non-finite loss or gradient at step {p.step}: "
+                                "lower train.lr, raise train.warmup_steps, or use train.amp: bf16/off"
+                            )
+                    else:
+                        bad_in_row = 0
+                        p.step += 1
+                        bar.update(1)
+                        for k in ("loss", "nll", "ntokens", "all_ntokens", "grad_norm"):
+                            window[k] += sums[k]
+                        window["updates"] += 1
+                    if p.step % t.log_every == 0 and window["updates"]:
+                        window_start = self._log_train(window, window_start, bar)
+                    evaluated = p.step % t.eval_every == 0 and finite
+                    best, pause = False, time.perf_counter()
+                    if evaluated:
+                        metrics = self.validate()
+                        best = self._improved(metrics)
+                        self._log_valid(metrics)
+                    if stop:
+                        stop_reason = "signal"
+                    elif p.step >= t.max_steps:
+                        stop_reason = f"reached train.max_steps={t.max_steps}"
+                    elif t.patience and p.bad_evals >= t.patience:
+                        stop_reason = f"no better valid {t.best_metric} in {t.patience} evaluations (train.patience)"
+                    if (finite and (p.step % t.save_every == 0 or best)) or stop_reason:
+                        self.save(best, metrics if evaluated else None)
+                    window_start += time.perf_counter() - pause  # tokens/s counts training time only
+                    if stop_reason:
+                        break
+                else:
+                    p.epoch, p.position = p.epoch + 1, 0
+        finally:
+            bar.close()
+            stopper.restore()
+        if stop_reason == "signal":
+            self._close()
+            name = signal.Signals(stopper.signum).name if stopper.signum else "signal"
+            resume = f"translate train --config {self.run / 'config.yaml'} --resume"
+            print(f"stopped by {name} at step {p.step}; checkpoint saved. Resume with: {resume}", file=sys.stderr)
+            raise SystemExit(128 + (stopper.signum or signal.SIGINT))
+        if self.main:
+            log.info(f"training stopped: {stop_reason}; best valid {t.best_metric} {p.best} at step {p.best_step}")
+            if t.average_last:
+                self._average_last(t.average_last)
+        self._close()
+        return metrics
+
+    def _log_train(self, window: dict[str, Any], start: float, bar: tqdm) -> float:
+        now = time.perf_counter()
+        if self.main:
+            n = float(window["ntokens"])
+            loss = float(window["loss"]) / n
+            lr = self.scheduler.get_last_lr()[0]
+            tok_s = float(window["all_ntokens"]) / (now - start)
+            step = self.progress.step
+            self.writer.add_scalar("train/loss", loss, step)
+            self.writer.add_scalar("train/nll", float(window["nll"]) / n, step)
+            self.writer.add_scalar("train/ppl", math.exp(min(float(window["nll"]) / n, 50)), step)
+            self.writer.add_scalar("train/lr", lr, step)
+            self.writer.add_scalar("train/grad_norm", float(window["grad_norm"]) / window["updates"], step)
+            self.writer.add_scalar("train/tokens_per_s", tok_s, step)
+            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
+            log.debug(f"step {step} loss {loss:.4f} lr {lr:.3e} tokens/s {tok_s:.0f}")
+        for k in window:
+            window[k] = 0.0 if k != "updates" else 0
+        return now
+
+    def _log_valid(self, m: dict[str, float]) -> None:
+        if not self.main:
+            return
+        step = self.progress.step
+        for key in ("loss", "ppl", "bleu", "chrf"):
+            self.writer.add_scalar(f"valid/{key}", m[key], step)
+        self.writer.flush()
+        tqdm.write(
+            f"step {step}: valid loss {m['loss']:.3f} ppl {m['ppl']:.2f} BLEU {m['bleu']:.2f} chrF {m['chrf']:.2f}"
+            f" (best {self.cfg.train.best_metric} {self.progress.best:.2f} at step {self.progress.best_step})"
+        )
+        log.debug(f"step {step} valid {m}")
+
+    def _average_last(self, n: int) -> None:
+        paths = step_checkpoints(self.ckpt_dir)[-n:]
+        if len(paths) < 2:
+            log.info(f"train.average_last={n}: only {len(paths)} checkpoint kept, nothing to average")
+            return
+        atomic_save(average_checkpoints(paths), self.ckpt_dir / "averaged.pt")
+        log.info(f"averaged {len(paths)} checkpoints into {self.ckpt_dir / 'averaged.pt'}")
+
+    def _close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        if self.distributed:
+            dist.barrier()
+            dist.destroy_process_group()
+        if self.main:
+            self.lock.release()
+
+
+def _link(src: Path, dst: Path) -> None:
+    """Point `dst` at the same file as `src`, atomically (a hard link renamed over dst)."""
+    tmp = dst.with_name(f".{dst.name}.link")
+    tmp.unlink(missing_ok=True)
+    os.link(src, tmp)
+    os.replace(tmp, dst)
+
+
+def train(cfg: Config, resume: bool = False) -> dict[str, float]:
+    """Train (after preparing the data if needed); returns the last validation metrics."""
+    return Trainer(cfg, resume).fit()
