@@ -48,7 +48,9 @@ def test_bad_values_name_the_key(raw, message):
 
 
 def test_overrides_and_yaml_quirks():
-    cfg = config_from_dict({"train": {"lr": "7e-4"}}, ["model.d_model=128", "train.max_epochs=3", "name=x", "data.test=null"])
+    cfg = config_from_dict(
+        {"train": {"lr": "7e-4"}}, ["model.d_model=128", "train.max_epochs=3", "name=x", "data.test=null"]
+    )
     assert cfg.train.lr == pytest.approx(7e-4)  # YAML 1.1 reads 7e-4 as a string
     assert cfg.model.d_model == 128 and cfg.train.max_epochs == 3 and cfg.name == "x"
     with pytest.raises(UserError, match="section.key=value"):

@@ -1,7 +1,16 @@
 import numpy as np
 import pytest
 
-from translate.data import TokenData, clean_text_pairs, collate, keep_lengths, shard_batches, token_batches, write_token_data, SplitData
+from translate.data import (
+    SplitData,
+    TokenData,
+    clean_text_pairs,
+    collate,
+    keep_lengths,
+    shard_batches,
+    token_batches,
+    write_token_data,
+)
 from translate.model import BOS, EOS, PAD
 
 

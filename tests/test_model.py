@@ -7,7 +7,16 @@ from translate.model import BOS, PAD, MultiHeadAttention, Transformer, sinusoida
 
 def tiny(norm="post", tie=True, dropout=0.0):
     torch.manual_seed(0)
-    cfg = ModelConfig(d_model=32, n_heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=dropout, norm=norm, tie_embeddings=tie)
+    cfg = ModelConfig(
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        dropout=dropout,
+        norm=norm,
+        tie_embeddings=tie,
+    )
     return Transformer(cfg, vocab_size=40).eval()
 
 
@@ -15,7 +24,9 @@ def test_sinusoidal_formula():
     pe = sinusoidal_positions(50, 16)
     pos, i = 7, 3
     assert pe[pos, 2 * i].item() == pytest.approx(torch.sin(torch.tensor(pos / 10000 ** (2 * i / 16))).item(), abs=1e-6)
-    assert pe[pos, 2 * i + 1].item() == pytest.approx(torch.cos(torch.tensor(pos / 10000 ** (2 * i / 16))).item(), abs=1e-6)
+    assert pe[pos, 2 * i + 1].item() == pytest.approx(
+        torch.cos(torch.tensor(pos / 10000 ** (2 * i / 16))).item(), abs=1e-6
+    )
 
 
 def test_positions_depend_on_position_not_batch_size():

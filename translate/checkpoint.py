@@ -46,7 +46,7 @@ STEP_FILE = re.compile(r"step_(\d+)\.pt$")
 def versions() -> dict[str, str]:
     return {
         "translate": translate.__version__,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "python": platform.python_version(),
         "sentencepiece": sentencepiece.__version__,
     }
@@ -112,7 +112,9 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[Tr
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
-        raise UserError(f"{path}: weights do not fit the model its config describes ({str(e).splitlines()[0]})") from None
+        raise UserError(
+            f"{path}: weights do not fit the model its config describes ({str(e).splitlines()[0]})"
+        ) from None
     return model.to(device).eval(), tokenizer, cfg
 
 
@@ -166,7 +168,9 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
             raise UserError(f"{path}: another model or vocabulary than {paths[0]}; only checkpoints of one run average")
         for k, v in ckpt["model"].items():
             if v.shape != total[k].shape:
-                raise UserError(f"{path}: weight {k} has shape {tuple(v.shape)}, {paths[0]} has {tuple(total[k].shape)}")
+                raise UserError(
+                    f"{path}: weight {k} has shape {tuple(v.shape)}, {paths[0]} has {tuple(total[k].shape)}"
+                )
             total[k] += v.double()
     model = {k: (v / len(paths)).to(first["model"][k].dtype) for k, v in total.items()}
     keep = ("format", "versions", "config", "vocab_size", "spm_model", "step", "epoch", "metrics")

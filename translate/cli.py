@@ -24,10 +24,19 @@ ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Experiment YAML
 SetOpt = Annotated[
     Optional[list[str]], typer.Option("--set", "-s", help="Override a config key: section.key=value (repeatable).")
 ]
-Checkpoint = Annotated[Path, typer.Argument(help="A checkpoint written by `translate train` (e.g. runs/NAME/checkpoints/best.pt).")]
-BeamOpt = Annotated[Optional[int], typer.Option("--beam", "-b", help="Beam size; 1 = greedy. Default: the checkpoint's decode.beam_size.")]
-LenpenOpt = Annotated[Optional[float], typer.Option("--lenpen", help="GNMT length penalty alpha. Default: decode.length_penalty.")]
-BatchOpt = Annotated[Optional[int], typer.Option("--batch-tokens", help="Source tokens per batch. Default: decode.batch_tokens.")]
+Checkpoint = Annotated[
+    Path, typer.Argument(help="A checkpoint written by `translate train` (e.g. runs/NAME/checkpoints/best.pt).")
+]
+BeamOpt = Annotated[
+    Optional[int],
+    typer.Option("--beam", "-b", help="Beam size; 1 = greedy. Default: the checkpoint's decode.beam_size."),
+]
+LenpenOpt = Annotated[
+    Optional[float], typer.Option("--lenpen", help="GNMT length penalty alpha. Default: decode.length_penalty.")
+]
+BatchOpt = Annotated[
+    Optional[int], typer.Option("--batch-tokens", help="Source tokens per batch. Default: decode.batch_tokens.")
+]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]
 
 
@@ -69,7 +78,9 @@ def _log_to_file(path: Path) -> None:
 def prepare(
     config: ConfigOpt,
     set_: SetOpt = None,
-    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the prepared data matches the config.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Rebuild even if the prepared data matches the config.")
+    ] = False,
 ) -> None:
     """Fetch, clean and split the corpus, train SentencePiece, encode every split to ids."""
     from translate.data import prepare as run_prepare
@@ -102,7 +113,9 @@ def train(
 
 @app.command()
 def decode(
-    checkpoints: Annotated[list[Path], typer.Argument(help="One checkpoint, or several of one vocabulary (an ensemble).")],
+    checkpoints: Annotated[
+        list[Path], typer.Argument(help="One checkpoint, or several of one vocabulary (an ensemble).")
+    ],
     input: Annotated[str, typer.Option("--input", "-i", help="English text, one sentence a line; - for stdin.")] = "-",
     output: Annotated[str, typer.Option("--output", "-o", help="Where the French goes; - for stdout.")] = "-",
     beam: BeamOpt = None,
@@ -128,7 +141,9 @@ def evaluate(
     checkpoints: Annotated[Optional[list[Path]], typer.Argument(help="Checkpoint(s) to translate --src with.")] = None,
     src: Annotated[Optional[Path], typer.Option("--src", help="English source file to translate.")] = None,
     ref: Annotated[Path, typer.Option("--ref", help="French reference file, one line per source line.")] = ...,
-    hyp: Annotated[Optional[Path], typer.Option("--hyp", help="Score this existing output instead of translating.")] = None,
+    hyp: Annotated[
+        Optional[Path], typer.Option("--hyp", help="Score this existing output instead of translating.")
+    ] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Also save the translations here.")] = None,
     beam: BeamOpt = None,
     lenpen: LenpenOpt = None,
@@ -152,7 +167,13 @@ def evaluate(
         if len(sources) != len(references):
             raise UserError(f"{src} has {len(sources)} lines but {ref} has {len(references)}: they must match")
         hypotheses = translate_file_lines(
-            checkpoints, sources, beam=beam, length_penalty=lenpen, batch_tokens=batch_tokens, device=device, output=output
+            checkpoints,
+            sources,
+            beam=beam,
+            length_penalty=lenpen,
+            batch_tokens=batch_tokens,
+            device=device,
+            output=output,
         )
     scores = score(hypotheses, references)
     typer.echo(format_scores(scores))

@@ -226,8 +226,14 @@ def _check(cfg: Config) -> None:
     m, t, d, v = cfg.model, cfg.train, cfg.decode, cfg.vocab
     rules = [
         (m.d_model % m.n_heads == 0, f"model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads})"),
-        (m.d_model > 0 and m.n_heads > 0 and m.d_ff > 0, "model.d_model, model.n_heads and model.d_ff must be positive"),
-        (m.encoder_layers > 0 and m.decoder_layers > 0, "model.encoder_layers and model.decoder_layers must be positive"),
+        (
+            m.d_model > 0 and m.n_heads > 0 and m.d_ff > 0,
+            "model.d_model, model.n_heads and model.d_ff must be positive",
+        ),
+        (
+            m.encoder_layers > 0 and m.decoder_layers > 0,
+            "model.encoder_layers and model.decoder_layers must be positive",
+        ),
         (0 <= m.dropout < 1 and 0 <= m.attention_dropout < 1, "model.dropout must be in [0, 1)"),
         (m.max_positions >= 16, "model.max_positions must be at least 16"),
         (t.lr > 0, f"train.lr must be positive, got {t.lr}"),
@@ -239,14 +245,23 @@ def _check(cfg: Config) -> None:
         (t.warmup_steps >= 0, "train.warmup_steps must not be negative"),
         (0 <= t.label_smoothing < 1, "train.label_smoothing must be in [0, 1)"),
         (t.clip_norm >= 0, "train.clip_norm must not be negative"),
-        (len(t.adam_betas) == 2 and all(0 <= b < 1 for b in t.adam_betas), "train.adam_betas must be two numbers in [0, 1)"),
-        (t.log_every >= 1 and t.eval_every >= 1 and t.save_every >= 1, "train.log_every, eval_every and save_every must be at least 1"),
+        (
+            len(t.adam_betas) == 2 and all(0 <= b < 1 for b in t.adam_betas),
+            "train.adam_betas must be two numbers in [0, 1)",
+        ),
+        (
+            t.log_every >= 1 and t.eval_every >= 1 and t.save_every >= 1,
+            "train.log_every, eval_every and save_every must be at least 1",
+        ),
         (t.keep_last >= 1, "train.keep_last must be at least 1"),
         (t.eval_beam_size >= 1, "train.eval_beam_size must be at least 1"),
         (t.patience is None or t.patience >= 1, "train.patience must be at least 1"),
         (t.average_last is None or t.average_last >= 2, "train.average_last must be at least 2"),
         (t.max_bad_steps >= 1, "train.max_bad_steps must be at least 1"),
-        (t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"), f"train.device must be auto, cpu, cuda or cuda:N, got {t.device!r}"),
+        (
+            t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"),
+            f"train.device must be auto, cpu, cuda or cuda:N, got {t.device!r}",
+        ),
         (t.threads is None or t.threads >= 1, "train.threads must be at least 1"),
         (d.beam_size >= 1, f"decode.beam_size must be at least 1, got {d.beam_size}"),
         (d.max_len_a >= 0 and d.max_len_b >= 0, "decode.max_len_a and decode.max_len_b must not be negative"),

@@ -259,7 +259,9 @@ def _clean_splits(cfg: Config, data_dir: Path) -> dict[str, int]:
             open(data_dir / f"{split}.{cfg.data.src_lang}", "w", encoding="utf-8") as fs,
             open(data_dir / f"{split}.{cfg.data.tgt_lang}", "w", encoding="utf-8") as ft,
         ):
-            for src, tgt in tqdm(cleaned, desc=f"clean {split}", unit=" pairs", leave=False, mininterval=1):
+            for src, tgt in tqdm(
+                cleaned, desc=f"clean {split}", unit=" pairs", leave=False, mininterval=1, disable=None
+            ):
                 fs.write(src + "\n")
                 ft.write(tgt + "\n")
                 n += 1
@@ -296,7 +298,9 @@ def _hold_out(cfg: Config, data_dir: Path, n_train: int, missing: list[str]) -> 
             assign[i] = split
         start += want[split]
     src, tgt = cfg.data.src_lang, cfg.data.tgt_lang
-    outs = {s: (open(data_dir / f"{s}.{src}.tmp", "w"), open(data_dir / f"{s}.{tgt}.tmp", "w")) for s in ["train", *missing]}
+    outs = {
+        s: (open(data_dir / f"{s}.{src}.tmp", "w"), open(data_dir / f"{s}.{tgt}.tmp", "w")) for s in ["train", *missing]
+    }
     for i, (s_text, t_text) in enumerate(_read_pairs(data_dir, "train", cfg)):
         fs, ft = outs[assign.get(i, "train")]
         fs.write(s_text + "\n")

@@ -42,7 +42,12 @@ def figure_to_array(fig) -> np.ndarray:
 
 @torch.inference_mode()
 def cross_attention(
-    model: Transformer, tokenizer: Tokenizer, source: str, target_ids: list[int], layer: int = -1, head: int | None = None
+    model: Transformer,
+    tokenizer: Tokenizer,
+    source: str,
+    target_ids: list[int],
+    layer: int = -1,
+    head: int | None = None,
 ) -> tuple[np.ndarray, list[str], list[str]]:
     """Cross-attention of one sentence pair: weights (T, S), source pieces, output pieces.
 

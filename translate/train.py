@@ -10,7 +10,6 @@ exactly the batches an uninterrupted run would have read.
 from __future__ import annotations
 
 import fcntl
-from contextlib import nullcontext
 import logging
 import math
 import os
@@ -18,6 +17,7 @@ import random
 import signal
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from translate.checkpoint import (
     versions,
 )
 from translate.config import Config, config_to_dict, save_config
-from translate.data import Batch, collate, is_prepared, load_split, prepare, shard_batches, token_batches
+from translate.data import Batch, collate, is_prepared, load_split, prepare, token_batches
 from translate.errors import UserError
 from translate.evaluate import read_lines, score
 from translate.loss import label_smoothed_nll_loss
@@ -225,7 +225,9 @@ class Trainer:
             )
 
     def _check_run_dir(self, resume: bool) -> None:
-        earlier = step_checkpoints(self.ckpt_dir) + [p for p in (self.ckpt_dir / "last.pt", self.run / "tb") if p.exists()]
+        earlier = step_checkpoints(self.ckpt_dir) + [
+            p for p in (self.ckpt_dir / "last.pt", self.run / "tb") if p.exists()
+        ]
         if earlier and not resume:
             raise UserError(
                 f"{self.run} already holds a training run ({earlier[0]}): add --resume to continue it, "
@@ -243,7 +245,9 @@ class Trainer:
                         f"{value!r} in {self.ckpt_dir / 'last.pt'}"
                     )
         if ckpt["spm_model"] != self.tokenizer.model_bytes:
-            raise UserError(f"cannot resume: {self.run / 'spm.model'} is not the vocabulary the checkpoint was trained with")
+            raise UserError(
+                f"cannot resume: {self.run / 'spm.model'} is not the vocabulary the checkpoint was trained with"
+            )
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
@@ -302,7 +306,9 @@ class Trainer:
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
         self.model.eval()
-        batches = token_batches(self.valid_data.src_lens, self.valid_data.tgt_lens, self.cfg.train.max_tokens, shuffle=False)
+        batches = token_batches(
+            self.valid_data.src_lens, self.valid_data.tgt_lens, self.cfg.train.max_tokens, shuffle=False
+        )
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)
         for idx in batches[self.rank :: self.world]:
             batch = collate(self.valid_data, idx).to(self.device)
@@ -413,9 +419,11 @@ class Trainer:
         return batches[: len(batches) - len(batches) % self.world]
 
     def fit(self) -> dict[str, float]:
-        cfg, t, p = self.cfg, self.cfg.train, self.progress
+        t, p = self.cfg.train, self.progress
         stopper = StopRequest()
-        bar = tqdm(total=t.max_steps, initial=p.step, desc="train", unit="step", disable=not self.main, dynamic_ncols=True)
+        bar = tqdm(
+            total=t.max_steps, initial=p.step, desc="train", unit="step", disable=not self.main, dynamic_ncols=True
+        )
         window = {"loss": 0.0, "nll": 0.0, "ntokens": 0.0, "all_ntokens": 0.0, "grad_norm": 0.0, "updates": 0}
         window_start, metrics, bad_in_row, stop_reason = time.perf_counter(), {}, 0, None
         per_update = t.accumulate * self.world

@@ -1,0 +1,68 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def run_cli(*args: str, cwd: Path | None = None, input: str | None = None, check: bool = True, env=None):
+    """Run the real `translate` command line in a subprocess."""
+    result = subprocess.run(
+        [sys.executable, "-m", "translate", *map(str, args)],
+        cwd=cwd,
+        input=input,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        timeout=600,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"translate {' '.join(map(str, args))} failed ({result.returncode}):\n{result.stderr[-3000:]}"
+        )
+    return result
+
+
+def tiny_config(tmp_path: Path, name: str = "e2e", **train) -> Path:
+    """A files config on the committed Bible fixture, small enough to train in seconds."""
+    cfg = {
+        "name": name,
+        "run_dir": str(tmp_path / "runs"),
+        "data": {
+            "source": "files",
+            "train": str(FIXTURES / "bible.train"),
+            "valid": str(FIXTURES / "bible.valid"),
+            "test": str(FIXTURES / "bible.test"),
+        },
+        "vocab": {"size": 300},
+        "model": {"d_model": 32, "n_heads": 2, "d_ff": 64, "encoder_layers": 1, "decoder_layers": 1},
+        "train": {
+            "max_tokens": 1024,
+            "max_steps": 8,
+            "warmup_steps": 4,
+            "lr": 2e-3,
+            "log_every": 2,
+            "eval_every": 4,
+            "save_every": 4,
+            "keep_last": 3,
+            "eval_max_sentences": 8,
+            **train,
+        },
+        "decode": {"beam_size": 3, "max_len_b": 5},
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory):
+    """One tiny run trained once through the CLI, shared by the tests that only read it."""
+    tmp = tmp_path_factory.mktemp("trained")
+    config = tiny_config(tmp)
+    run_cli("train", "--config", config)
+    return tmp / "runs" / "e2e", config

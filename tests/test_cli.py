@@ -1,0 +1,104 @@
+"""End to end through the real command line: prepare -> train -> decode -> evaluate -> ..."""
+
+import json
+
+import yaml
+from conftest import FIXTURES, run_cli, tiny_config
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+COMMANDS = ["prepare", "train", "decode", "evaluate", "average", "attention", "info"]
+
+
+def test_help_lists_every_command():
+    out = run_cli("--help").stdout
+    for command in COMMANDS:
+        assert command in out
+    for command in COMMANDS:
+        assert "Usage" in run_cli(command, "--help").stdout
+
+
+def test_prepare_writes_vocab_and_ids_and_reuses_them(tmp_path):
+    config = tiny_config(tmp_path)
+    run_cli("prepare", "--config", config)
+    run = tmp_path / "runs" / "e2e"
+    meta = json.loads((run / "data" / "meta.json").read_text())
+    assert meta["splits"]["train"]["pairs"] == 400 and meta["splits"]["test"]["pairs"] == 40
+    assert (run / "spm.model").is_file()
+    again = run_cli("prepare", "--config", config)
+    assert "nothing to do" in again.stderr
+
+
+def test_training_writes_run_dir_checkpoints_and_tensorboard(trained_run):
+    run, _ = trained_run
+    ckpts = run / "checkpoints"
+    assert {"last.pt", "best.pt", "step_0000004.pt", "step_0000008.pt"} <= {p.name for p in ckpts.iterdir()}
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["max_steps"] == 8
+    assert "training stopped" in (run / "train.log").read_text()
+    events = EventAccumulator(str(run / "tb"), size_guidance={"images": 0, "tensors": 0}).Reload()
+    scalars = set(events.Tags()["scalars"])
+    expected = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s"}
+    expected |= {"valid/loss", "valid/ppl", "valid/bleu", "valid/chrf"}
+    assert expected <= scalars
+    assert [e.step for e in events.Scalars("valid/loss")] == [4, 8]
+    assert [e.step for e in events.Scalars("train/loss")] == [2, 4, 6, 8]
+    assert any(t.startswith("valid/attention") for t in events.Tags()["images"])
+    assert "valid/samples/text_summary" in events.Tags()["tensors"]
+
+
+def test_decode_and_evaluate_a_checkpoint(trained_run, tmp_path):
+    run, _ = trained_run
+    ckpt = run / "checkpoints" / "best.pt"
+    src = tmp_path / "in.en"
+    src.write_text("In the beginning God created the heavens.\n\nHe said: hello.\n")
+    out = tmp_path / "out.fr"
+    run_cli("decode", ckpt, "-i", src, "-o", out, "--beam", "5")
+    assert len(out.read_text().split("\n")) == 4 and out.read_text().split("\n")[1] == ""
+    greedy = run_cli("decode", ckpt, "--beam", "1", input=src.read_text()).stdout
+    assert len(greedy.split("\n")) == 4
+    nbest = run_cli("decode", ckpt, "-i", src, "--nbest", "2", "--beam", "3", "--scores").stdout.splitlines()
+    assert len(nbest) == 6 and all(len(line.split("\t")) == 3 for line in nbest)
+
+    scores_file = tmp_path / "scores.json"
+    hyp = tmp_path / "test.hyp"
+    result = run_cli(
+        "evaluate", ckpt, "--src", FIXTURES / "bible.test.en", "--ref", FIXTURES / "bible.test.fr",
+        "--json", scores_file, "-o", hyp, "--beam", "2",
+    )  # fmt: skip
+    assert "BLEU" in result.stdout and "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in result.stdout
+    scores = json.loads(scores_file.read_text())
+    assert 0 <= scores["bleu"] <= 100 and 0 <= scores["chrf"] <= 100 and scores["sentences"] == 40
+    rescored = run_cli("evaluate", "--hyp", hyp, "--ref", FIXTURES / "bible.test.fr").stdout
+    assert f"BLEU {scores['bleu']:.2f}" in rescored
+
+
+def test_info_average_attention(trained_run, tmp_path):
+    run, _ = trained_run
+    info = run_cli("info", run / "checkpoints" / "last.pt").stdout
+    assert "step: 8" in info and "parameters:" in info and "vocabulary: 300" in info
+    avg = tmp_path / "avg.pt"
+    run_cli("average", "--last", "2", "--run", run, "-o", avg)
+    assert "averaged from" in run_cli("info", avg).stdout
+    run_cli("decode", avg, "--beam", "2", input="Hello.\n")
+    png = tmp_path / "attn.png"
+    out = run_cli("attention", run / "checkpoints" / "best.pt", "God saw the light.", "-o", png).stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "attention heatmap" in out
+
+
+def test_train_refuses_an_existing_run_without_resume(trained_run):
+    run, config = trained_run
+    before = {p.name: p.stat().st_mtime_ns for p in (run / "checkpoints").iterdir()}
+    result = run_cli("train", "--config", config, check=False)
+    assert result.returncode == 2
+    assert "--resume" in result.stderr and "Traceback" not in result.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in (run / "checkpoints").iterdir()} == before
+
+
+def test_user_mistakes_are_one_line(tmp_path):
+    config = tiny_config(tmp_path)
+    result = run_cli("train", "--config", config, "--set", "train.warmup_step=3", check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: unknown config key 'train.warmup_step'; did you mean 'train.warmup_steps'?"
+    ]
+    missing = run_cli("decode", tmp_path / "nope.pt", input="x\n", check=False)
+    assert missing.returncode == 2 and "not found" in missing.stderr and "Traceback" not in missing.stderr

@@ -1,0 +1,299 @@
+"""translator.py: lines in, lines out — order, blank lines, long lines, streaming, file ends."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import threading
+
+import pytest
+import torch
+
+from translate.checkpoint import CHECKPOINT_FORMAT
+from translate.config import Config, DecodeConfig, ModelConfig, config_to_dict
+from translate.errors import UserError
+from translate.model import Transformer
+from translate.tokenizer import Tokenizer
+from translate.translator import (
+    decode_file,
+    load_models,
+    plot_attention,
+    read_lines,
+    token_batches,
+    translate_file_lines,
+    translate_lines,
+    write_translations,
+)
+
+WORDS = (
+    "the a cat dog house river green small big runs sees eats under over near old young bird tree stone "
+    "water light night day mountain village quickly slowly beautiful garden window yellow purple"
+).split()
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    rng = random.Random(0)
+    sentences = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) for _ in range(300)]
+    return Tokenizer.train(sentences, vocab_size=48)
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer) -> Transformer:
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        d_model=32,
+        n_heads=2,
+        d_ff=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        dropout=0.0,
+        max_positions=32,
+        tie_embeddings=False,  # a random tied model repeats one word; untied, the outputs differ by line
+    )
+    return Transformer(cfg, tokenizer.vocab_size).eval()
+
+
+LINES = [
+    "the cat sees a bird",
+    "a small green house near the river under the old tree quickly",
+    "dog",
+    "the young bird eats slowly in the beautiful garden near the yellow window at night",
+    "water",
+    "the old stone",
+]
+
+SEARCH = dict(beam_size=3, length_penalty=0.6, max_len_a=1.0, max_len_b=3)
+
+
+def translate(model, tokenizer, lines, **kwargs):
+    return list(translate_lines(model, tokenizer, lines, **{**SEARCH, **kwargs}))
+
+
+def assert_same(got: list, expected: list) -> None:
+    """Same texts, same scores up to float noise (batch shapes differ)."""
+    assert [[text for text, _ in hyps] for hyps in got] == [[text for text, _ in hyps] for hyps in expected]
+    for a, b in zip(got, expected, strict=True):
+        assert [s for _, s in a] == pytest.approx([s for _, s in b], abs=1e-5)
+
+
+def test_order_kept_when_lengths_differ(model, tokenizer):
+    batched = translate(model, tokenizer, LINES, batch_tokens=60)  # several batches, sorted by length
+    alone = [translate(model, tokenizer, [line])[0] for line in LINES]
+    assert len(batched) == len(LINES)
+    assert len({hyps[0][0] for hyps in alone}) == len(LINES)  # the lines translate differently
+    assert_same(batched, alone)
+
+
+def test_chunks_and_streaming_give_the_same_output(model, tokenizer):
+    whole = translate(model, tokenizer, LINES)
+    assert_same(translate(model, tokenizer, iter(LINES), chunk_lines=2), whole)
+    assert_same(translate(model, tokenizer, iter(LINES), stream=True, chunk_lines=4), whole)
+
+
+def test_blank_lines_give_empty_lines(model, tokenizer):
+    lines = ["", "the cat", "   ", "\t", "dog", ""]
+    out = translate(model, tokenizer, lines, nbest=2)
+    assert len(out) == len(lines)
+    for i in (0, 2, 3, 5):
+        assert out[i] == [("", 0.0), ("", 0.0)]
+    assert all(len(hyps) == 2 for hyps in out)
+    assert translate(model, tokenizer, ["", " "]) == [[("", 0.0)], [("", 0.0)]]
+    assert translate(model, tokenizer, []) == []
+
+
+def test_very_long_line_is_truncated_not_fatal(model, tokenizer):
+    long_line = " ".join(WORDS * 40)  # far beyond max_positions = 32
+    out = translate(model, tokenizer, ["the cat", long_line, "dog"])  # output up to 31 + 3 > 32 positions
+    assert len(out) == 3 and all(len(hyps) == 1 for hyps in out)
+
+
+def test_line_count_and_nbest_kept(model, tokenizer):
+    lines = [random.Random(i).choice(LINES) for i in range(40)]
+    out = translate(model, tokenizer, lines, nbest=3, batch_tokens=100, chunk_lines=7)
+    assert len(out) == 40 and all(len(hyps) == 3 for hyps in out)
+    for hyps in out:
+        assert [s for _, s in hyps] == sorted((s for _, s in hyps), reverse=True)
+
+
+def test_ensemble_of_two_identical_models(model, tokenizer):
+    one = translate(model, tokenizer, LINES[:3])
+    two = translate([model, model], tokenizer, LINES[:3])
+    assert_same(two, one)
+
+
+def test_stream_translates_a_line_before_the_next_arrives(model, tokenizer):
+    more = threading.Event()
+
+    def interactive():
+        yield "the cat"
+        assert more.wait(timeout=30)  # the user types the next line only after seeing a result
+        yield "dog"
+
+    results = translate_lines(model, tokenizer, interactive(), stream=True, **SEARCH)
+    first = next(results)
+    more.set()
+    rest = list(results)
+    assert len(first) == 1 and len(rest) == 1
+
+
+def test_lines_are_read_lazily(model, tokenizer):
+    consumed = []
+
+    def lines():
+        for i in range(100):
+            consumed.append(i)
+            yield "the cat"
+
+    results = translate_lines(model, tokenizer, lines(), chunk_lines=5, **SEARCH)
+    next(results)
+    assert len(consumed) <= 6
+
+
+def test_reading_errors_reach_the_caller_in_stream_mode(model, tokenizer):
+    def lines():
+        yield "the cat"
+        raise UserError("in.en: line 2: not valid UTF-8")
+
+    results = translate_lines(model, tokenizer, lines(), stream=True, **SEARCH)
+    with pytest.raises(UserError, match="line 2"):
+        list(results)
+
+
+def test_models_train_mode_is_restored(model, tokenizer):
+    model.train()
+    try:
+        translate(model, tokenizer, ["the cat"])
+        assert model.training
+    finally:
+        model.eval()
+
+
+def test_nbest_beyond_beam_is_a_user_error(model, tokenizer):
+    with pytest.raises(UserError, match="nbest"):
+        translate_lines(model, tokenizer, ["the cat"], beam_size=3, nbest=4)  # raised before iterating
+
+
+def test_token_batches_respect_the_budget():
+    lengths = [5, 30, 7, 7, 12, 3, 50]
+    batches = token_batches(lengths, batch_tokens=60, beam_size=2)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        longest = max(lengths[i] for i in b)
+        assert len(b) == 1 or len(b) * 2 * longest <= 60
+    assert batches[0] == [6]  # longest first, alone when over budget
+
+
+# ---------------------------------------------------------------------------- the file ends
+
+
+def test_read_lines(tmp_path):
+    path = tmp_path / "in.en"
+    path.write_bytes("\ufefffirst\r\nsecond\n\nlast".encode())
+    assert list(read_lines(path)) == ["first", "second", "", "last"]
+    path.write_bytes(b"good\nbad \xff here\n")
+    lines = read_lines(path)
+    assert next(lines) == "good"
+    with pytest.raises(UserError, match=r"in\.en: line 2"):
+        next(lines)
+    with pytest.raises(UserError, match="not found"):
+        read_lines(tmp_path / "missing.en")
+
+
+def test_write_text_and_tsv(tmp_path):
+    translations = [[("le chat", -0.5), ("un chat", -0.75)], [("", 0.0), ("", 0.0)], [("a\nb\tc", -1.0)] * 2]
+    out = tmp_path / "out.fr"
+    assert write_translations(translations, out) == 3
+    assert out.read_text(encoding="utf-8") == "le chat\nun chat\n\n\na b\tc\na b\tc\n"
+    assert write_translations(translations, out, nbest_format="tsv") == 3
+    assert out.read_text(encoding="utf-8").splitlines() == [
+        "0\t-0.5000\tle chat",
+        "0\t-0.7500\tun chat",
+        "1\t0.0000\t",
+        "1\t0.0000\t",
+        "2\t-1.0000\ta b c",
+        "2\t-1.0000\ta b c",
+    ]
+    assert [p.name for p in tmp_path.iterdir()] == ["out.fr"]
+
+
+def test_write_error_leaves_the_old_file(tmp_path):
+    out = tmp_path / "out.fr"
+    out.write_text("old\n")
+
+    def failing():
+        yield [("new", 0.0)]
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        write_translations(failing(), out)
+    assert out.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.fr"]
+
+
+def test_write_stdout(capsys, model, tokenizer):
+    n = write_translations(translate_lines(model, tokenizer, ["the cat", "", "dog"], **SEARCH), "-")
+    lines = capsys.readouterr().out.split("\n")
+    assert n == 3 and len(lines) == 4 and lines[1] == "" and lines[3] == ""
+
+
+# ---------------------------------------------------------------------------- checkpoints in (the CLI's calls)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(model, tokenizer, tmp_path_factory):
+    cfg = dataclasses.replace(
+        Config(), model=model.cfg, decode=DecodeConfig(beam_size=2, max_len_a=1.0, max_len_b=3, batch_tokens=200)
+    )
+    path = tmp_path_factory.mktemp("run") / "best.pt"
+    ckpt = {
+        "format": CHECKPOINT_FORMAT,
+        "config": config_to_dict(cfg),
+        "vocab_size": tokenizer.vocab_size,
+        "spm_model": tokenizer.model_bytes,
+        "model": model.state_dict(),
+    }
+    torch.save(ckpt, path)
+    return path
+
+
+def test_decode_file_nbest_tsv(checkpoint, tmp_path):
+    src, out = tmp_path / "in.en", tmp_path / "out.fr"
+    src.write_text("the cat sees a bird\n\ndog\n", encoding="utf-8")
+    assert decode_file([checkpoint], src, out, nbest=2, with_scores=True, device="cpu") == 3
+    rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [r[0] for r in rows] == ["0", "0", "1", "1", "2", "2"] and rows[2][2] == ""
+    assert decode_file([checkpoint, checkpoint], src, out, beam=1, device="cpu") == 3  # an ensemble, greedy
+    assert len(out.read_text(encoding="utf-8").split("\n")) == 4
+
+
+def test_decode_file_refuses_to_overwrite_its_input(checkpoint, tmp_path):
+    src = tmp_path / "in.en"
+    src.write_text("dog\n", encoding="utf-8")
+    with pytest.raises(UserError, match="input file"):
+        decode_file([checkpoint], src, src, device="cpu")
+    assert src.read_text(encoding="utf-8") == "dog\n"
+
+
+def test_ensemble_needs_one_vocabulary(checkpoint, tmp_path):
+    other = Tokenizer.train([" ".join(WORDS[i : i + 5]) for i in range(len(WORDS) - 5)] * 10, vocab_size=40)
+    ckpt = torch.load(checkpoint, weights_only=True)
+    ckpt["spm_model"] = other.model_bytes
+    torch.save(ckpt, tmp_path / "other.pt")
+    with pytest.raises(UserError, match="vocabulary"):
+        load_models([checkpoint, tmp_path / "other.pt"])
+
+
+def test_translate_file_lines(checkpoint, tmp_path):
+    out = tmp_path / "hyp.fr"
+    hyps = translate_file_lines([checkpoint], ["the cat", "", "dog"], device="cpu", output=out)
+    assert len(hyps) == 3 and hyps[1] == ""
+    assert out.read_text(encoding="utf-8").split("\n")[:3] == hyps
+
+
+def test_plot_attention(checkpoint, tmp_path):
+    out = tmp_path / "attn.png"
+    text = plot_attention(checkpoint, "the cat sees a bird", out, layer=0, head=1)
+    assert isinstance(text, str) and out.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(UserError, match="layer"):
+        plot_attention(checkpoint, "the cat", out, layer=5)

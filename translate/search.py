@@ -1,0 +1,349 @@
+"""Greedy and beam search, outside the model, over encode / init_state / decode_step / reorder_state.
+
+Shapes: B sentences, N sentences still searching, k beam size, V vocabulary, t tokens so far.
+
+Conventions (see model.py): a source row is its pieces + EOS, right-padded with PAD; the
+decoder starts from BOS; a hypothesis ends at EOS. PAD and BOS are never produced (their
+log-probs are -inf); UNK may be. The maximum output length of a sentence is
+`int(max_len_a * src_len + max_len_b)` tokens (at least 1), EOS included, where src_len counts
+the source's pieces (no EOS, no padding); a hypothesis that reaches it without EOS ends there.
+
+Scores: `log_prob` is the sum of the token log-probs (EOS included when generated); `score` is
+log_prob / lp with the GNMT length penalty lp = ((5 + len) / 6) ** alpha, len counting EOS.
+
+The pieces, each small and tested on its own: `Ensemble` (the models behind one step
+function), `gnmt_length_penalty`, `max_output_lengths`, `top_candidates` (top-n over beam x vocab
+per sentence), `split_candidates` (which finish, which go on), `Finished` (the k best finished
+hypotheses per sentence, as tensors), `open_bound` (the best score an open hypothesis can still
+reach), then the two loops `greedy_search` and `beam_search` (both under torch.inference_mode;
+beam_size 1 is greedy). An ensemble averages the models' probabilities at every step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from translate.model import BOS, EOS, PAD
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # output pieces, without EOS
+    score: float  # log_prob / length penalty
+    log_prob: float = 0.0  # sum of the token log-probs, EOS included when generated
+
+
+# ---------------------------------------------------------------------------- the models
+
+
+@dataclass
+class PrefixState:
+    """No-cache decoding state: the encoder output and the whole prefix, re-read every step."""
+
+    memory: torch.Tensor  # (B, S, D)
+    src_mask: torch.Tensor  # (B, 1, 1, S)
+    prefix: torch.Tensor  # (B, t) BOS + tokens so far
+
+    def select(self, index: torch.Tensor) -> PrefixState:
+        return PrefixState(self.memory[index], self.src_mask[index], self.prefix[index])
+
+
+class Ensemble:
+    """One or more models behind one step function; it holds each model's decoder state.
+
+    The ensemble's next-token distribution is the mean of the models' probabilities, returned
+    as its log: logsumexp_m(log p_m) - log M (as fairseq). One model is passed through as is.
+    With use_cache=False every step re-runs the decoder over the whole prefix with
+    `model.decode` + `model.output` (the slow reference for tests and benchmarks).
+    """
+
+    def __init__(self, models: Sequence[Any] | Any, use_cache: bool = True) -> None:
+        self.models = [models] if hasattr(models, "decode_step") else list(models)
+        if not self.models:
+            raise ValueError("an ensemble needs at least one model")
+        self.use_cache = use_cache
+        self.states: list[Any] = []
+
+    def start(self, src: torch.Tensor) -> None:
+        """Encode src (B, S) once per model; the states get one row per sentence."""
+        self.states = []
+        for model in self.models:
+            memory, src_mask = model.encode(src)
+            if self.use_cache:
+                self.states.append(model.init_state(memory, src_mask))
+            else:
+                self.states.append(PrefixState(memory, src_mask, src.new_empty((src.size(0), 0))))
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (R,) the last token of each row -> log-probs (R, V) of the next one, PAD/BOS at -inf."""
+        logps = [
+            torch.log_softmax(self._logits(m, s, tokens).float(), dim=-1)
+            for m, s in zip(self.models, self.states, strict=True)
+        ]
+        if len(logps) == 1:
+            logp = logps[0]
+        else:
+            logp = torch.logsumexp(torch.stack(logps), dim=0) - math.log(len(logps))  # (R, V)
+        logp[:, PAD] = NEG_INF
+        logp[:, BOS] = NEG_INF
+        return logp
+
+    def _logits(self, model: Any, state: Any, tokens: torch.Tensor) -> torch.Tensor:
+        if self.use_cache:
+            return model.decode_step(tokens, state)
+        state.prefix = torch.cat([state.prefix, tokens[:, None]], dim=1)  # (R, t+1)
+        hidden = model.decode(state.prefix, state.memory, state.src_mask)  # (R, t+1, D)
+        return model.output(hidden[:, -1])
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep / reorder / repeat rows: every state row r becomes row index[r]."""
+        if self.use_cache:
+            self.states = [m.reorder_state(s, index) for m, s in zip(self.models, self.states, strict=True)]
+        else:
+            self.states = [s.select(index) for s in self.states]
+
+
+# ---------------------------------------------------------------------------- small pieces
+
+
+def gnmt_length_penalty(lengths: torch.Tensor | int, alpha: float) -> torch.Tensor:
+    """GNMT length penalty ((5 + len) / 6) ** alpha, float32, same shape as lengths."""
+    lengths = torch.as_tensor(lengths, dtype=torch.float32)
+    return ((5.0 + lengths) / 6.0) ** alpha
+
+
+def normalize(log_probs: torch.Tensor, lengths: torch.Tensor | int, alpha: float) -> torch.Tensor:
+    """Length-normalised scores: log_probs / gnmt_length_penalty(lengths)."""
+    return log_probs / gnmt_length_penalty(lengths, alpha).to(log_probs.device)
+
+
+def max_output_lengths(src: torch.Tensor, max_len_a: float, max_len_b: float) -> torch.Tensor:
+    """src (B, S) -> (B,) int(a * src_len + b), at least 1; src_len counts pieces (no PAD, no EOS)."""
+    src_len = ((src != PAD) & (src != EOS)).sum(dim=1).double()
+    return (max_len_a * src_len + max_len_b).long().clamp(min=1)
+
+
+def top_candidates(scores: torch.Tensor, logp: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+    """The n best one-token extensions of each sentence's beams, best first.
+
+    scores (N, k) the open hypotheses' log-probs, logp (N*k, V) -> candidate scores, parent beam
+    (0..k-1) and token, each (N, n).
+    """
+    N, k = scores.shape
+    V = logp.size(1)
+    total = (scores.reshape(N * k, 1) + logp).view(N, k * V)  # (N, k*V)
+    top, flat = total.topk(min(n, k * V), dim=1)
+    return top, flat // V, flat % V
+
+
+def split_candidates(
+    cand_scores: torch.Tensor, cand_tokens: torch.Tensor, k: int, last_step: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which candidates finish and which go on (fairseq's rule).
+
+    cand_scores, cand_tokens (N, n) best first, last_step (N,) bool -> finish (N, k): the first k
+    candidates that end here (EOS, or every one at the last allowed step; never a -inf one), and
+    go_on (N, k): the positions of the first k candidates that are not EOS.
+    """
+    n = cand_tokens.size(1)
+    is_eos = cand_tokens == EOS  # (N, n)
+    finish = (is_eos[:, :k] | last_step[:, None]) & (cand_scores[:, :k] > NEG_INF)
+    rank = torch.arange(n, device=cand_tokens.device) + is_eos * n  # EOS candidates sort last
+    go_on = rank.topk(k, dim=1, largest=False).indices  # (N, k) ascending rank
+    return finish, go_on
+
+
+def open_bound(scores: torch.Tensor, length: int, max_lens: torch.Tensor, alpha: float) -> torch.Tensor:
+    """The best normalised score any open hypothesis of each sentence can still reach.
+
+    scores (N, k) log-probs of hypotheses of `length` tokens, max_lens (N,) -> (N,). Log-probs only
+    fall as tokens are added, so the bound is the best log-prob over the largest penalty the final
+    length can have: lp(max_len) for alpha >= 0, lp(length + 1) for alpha < 0.
+    """
+    best = scores.max(dim=1).values  # (N,) <= 0
+    lp = gnmt_length_penalty(max_lens, alpha).clamp(min=float(gnmt_length_penalty(length + 1, alpha)))  # (N,)
+    return best / lp
+
+
+class Finished:
+    """The k best finished hypotheses of each active sentence, best first, held as tensors."""
+
+    def __init__(self, n_sentences: int, k: int, width: int, device: torch.device) -> None:
+        self.k, self.width = k, width
+        self.scores = torch.full((n_sentences, k), NEG_INF, device=device)  # normalised; -inf = empty
+        self.log_probs = torch.zeros(n_sentences, k, device=device)
+        self.lengths = torch.zeros(n_sentences, k, dtype=torch.long, device=device)
+        self.tokens = torch.zeros(n_sentences, k, width, dtype=torch.long, device=device)
+
+    def add(self, scores: torch.Tensor, log_probs: torch.Tensor, length: int, tokens: torch.Tensor) -> None:
+        """New finished candidates: scores (N, c) normalised (-inf = none), log_probs (N, c),
+        tokens (N, c, length). Keeps the k best of old and new."""
+        all_scores = torch.cat([self.scores, scores], dim=1)  # (N, k+c)
+        self.scores, pos = all_scores.topk(self.k, dim=1)  # (N, k)
+        self.log_probs = torch.cat([self.log_probs, log_probs], dim=1).gather(1, pos)
+        lengths = torch.full_like(scores, length, dtype=torch.long)
+        self.lengths = torch.cat([self.lengths, lengths], dim=1).gather(1, pos)
+        tokens = F.pad(tokens, (0, self.width - length))  # (N, c, width)
+        tokens = torch.cat([self.tokens, tokens], dim=1)  # (N, k+c, width)
+        self.tokens = tokens.gather(1, pos[:, :, None].expand(-1, -1, self.width))
+
+    def full(self) -> torch.Tensor:
+        """(N,) True where k hypotheses have finished."""
+        return self.scores[:, -1] > NEG_INF
+
+    def worst(self) -> torch.Tensor:
+        """(N,) the k-th best finished score (-inf while fewer than k)."""
+        return self.scores[:, -1]
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Keep only the sentences `keep` (indices into the active ones)."""
+        self.scores, self.log_probs = self.scores[keep], self.log_probs[keep]
+        self.lengths, self.tokens = self.lengths[keep], self.tokens[keep]
+
+    def hypotheses(self, i: int, nbest: int) -> list[Hypothesis]:
+        """Active sentence i's nbest finished hypotheses, best first."""
+        scores, log_probs = self.scores[i, :nbest].tolist(), self.log_probs[i, :nbest].tolist()
+        lengths, tokens = self.lengths[i, :nbest].tolist(), self.tokens[i, :nbest].tolist()
+        out = []
+        for score, log_prob, length, toks in zip(scores, log_probs, lengths, tokens, strict=True):
+            if score > NEG_INF:
+                out.append(Hypothesis(strip_eos(toks[:length]), score, log_prob))
+        return out
+
+
+def strip_eos(tokens: list[int]) -> list[int]:
+    return tokens[:-1] if tokens and tokens[-1] == EOS else tokens
+
+
+# ---------------------------------------------------------------------------- greedy
+
+
+@torch.inference_mode()
+def greedy_search(
+    models: Sequence[Any] | Any,
+    src: torch.Tensor,
+    max_len_a: float = 1.2,
+    max_len_b: float = 10,
+    length_penalty: float = 0.0,
+    use_cache: bool = True,
+) -> list[Hypothesis]:
+    """The most probable next token at every step, for a batch src (B, S); one hypothesis each.
+
+    A sentence leaves the batch as soon as it emits EOS or reaches its maximum length.
+    length_penalty (alpha) only rescales the reported score, as beam search would.
+    """
+    B = src.size(0)
+    if B == 0:
+        return []
+    ensemble = Ensemble(models, use_cache)
+    ensemble.start(src)
+    max_lens = max_output_lengths(src, max_len_a, max_len_b).to(src.device)
+    ids = torch.arange(B, device=src.device)  # original sentence of each active row
+    tokens = src.new_full((B,), BOS)
+    log_probs = torch.zeros(B, device=src.device)
+    history = src.new_empty((B, 0))  # (N, t)
+    results: list[Hypothesis | None] = [None] * B
+    for step in range(int(max_lens.max())):
+        best, tokens = ensemble.step(tokens).max(dim=1)  # (N,), (N,)
+        log_probs = log_probs + best
+        history = torch.cat([history, tokens[:, None]], dim=1)  # (N, t+1)
+        done = (tokens == EOS) | (max_lens <= step + 1)
+        if not done.any():
+            continue
+        scores = normalize(log_probs[done], step + 1, length_penalty).tolist()
+        rows = zip(ids[done].tolist(), history[done].tolist(), scores, log_probs[done].tolist(), strict=True)
+        for i, toks, score, log_prob in rows:
+            results[i] = Hypothesis(strip_eos(toks), score, log_prob)
+        keep = (~done).nonzero().squeeze(1)
+        if keep.numel() == 0:
+            break
+        ensemble.reorder(keep)
+        ids, tokens, log_probs = ids[keep], tokens[keep], log_probs[keep]
+        history, max_lens = history[keep], max_lens[keep]
+    return results  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------------- beam
+
+
+@torch.inference_mode()
+def beam_search(
+    models: Sequence[Any] | Any,
+    src: torch.Tensor,
+    beam_size: int = 5,
+    length_penalty: float = 0.6,
+    max_len_a: float = 1.2,
+    max_len_b: float = 10,
+    nbest: int = 1,
+    use_cache: bool = True,
+) -> list[list[Hypothesis]]:
+    """Beam search for a batch src (B, S) -> per sentence its nbest hypotheses, best first.
+
+    beam_size 1 is greedy search. (With alpha > 0 a one-wide beam under the exact stopping rule
+    below would keep looking past greedy's EOS for a longer, better-normalised hypothesis.)
+    """
+    if not 1 <= nbest <= beam_size:
+        raise ValueError(f"nbest must be between 1 and beam_size ({beam_size}), got {nbest}")
+    if beam_size == 1:
+        return [[h] for h in greedy_search(models, src, max_len_a, max_len_b, length_penalty, use_cache)]
+    max_lens = max_output_lengths(src, max_len_a, max_len_b).to(src.device)
+    return beam_search_loop(Ensemble(models, use_cache), src, beam_size, length_penalty, max_lens, nbest)
+
+
+@torch.inference_mode()
+def beam_search_loop(
+    ensemble: Ensemble, src: torch.Tensor, k: int, alpha: float, max_lens: torch.Tensor, nbest: int
+) -> list[list[Hypothesis]]:
+    """The beam loop over N*k rows (a sentence's beams adjacent), any k >= 1.
+
+    The encoder and the cross-attention keys/values run once per sentence; the first step's
+    reorder copies them to the k beams. Each step: the 2k best extensions per sentence
+    (tensor top-k over beams x vocab); those among the first k that end (EOS or
+    max length) join `Finished`, the first k non-EOS ones form the next beam. A sentence is done
+    at its max length, or once it has k finished hypotheses and `open_bound` cannot beat the
+    worst of them; it then leaves the batch (its state rows are dropped).
+    """
+    B, device = src.size(0), src.device
+    if B == 0:
+        return []
+    ensemble.start(src)  # one row per sentence: the first step's extensions fan out to k beams
+    ids = torch.arange(B, device=device)  # original sentence of each active one
+    scores = torch.zeros(B, 1, device=device)  # (N, beams) log-probs of the open hypotheses
+    tokens = src.new_full((B,), BOS)  # (N*beams,) last token of each row
+    history = src.new_empty((B, 0))  # (N*beams, t)
+    finished = Finished(B, k, int(max_lens.max()), device)
+    results: list[list[Hypothesis]] = [[] for _ in range(B)]
+    for step in range(int(max_lens.max())):
+        length, (N, beams) = step + 1, scores.shape
+        cand_scores, cand_beams, cand_tokens = top_candidates(scores, ensemble.step(tokens), 2 * k)
+        parents = cand_beams + beams * torch.arange(N, device=device)[:, None]  # (N, 2k) parent rows
+        finish, go_on = split_candidates(cand_scores, cand_tokens, k, max_lens <= length)
+        if finish.any():
+            ends = torch.cat([history[parents[:, :k]], cand_tokens[:, :k, None]], dim=2)  # (N, k, t+1)
+            ended = normalize(cand_scores[:, :k], length, alpha).masked_fill(~finish, NEG_INF)
+            finished.add(ended, cand_scores[:, :k], length, ends)
+        scores = cand_scores.gather(1, go_on)  # (N, k)
+        rows, tokens = parents.gather(1, go_on).view(-1), cand_tokens.gather(1, go_on).view(-1)
+        history = torch.cat([history[rows], tokens[:, None]], dim=1)  # (N*k, t+1)
+        beaten = finished.full() & (open_bound(scores, length, max_lens, alpha) <= finished.worst())
+        done = (max_lens <= length) | beaten
+        if done.any():
+            for i in done.nonzero().squeeze(1).tolist():
+                results[int(ids[i])] = finished.hypotheses(i, nbest)
+            keep = (~done).nonzero().squeeze(1)  # (N',)
+            if keep.numel() == 0:
+                break
+            keep_rows = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)  # (N'*k,)
+            ids, scores, max_lens = ids[keep], scores[keep], max_lens[keep]
+            finished.select(keep)
+            rows, tokens, history = rows[keep_rows], tokens[keep_rows], history[keep_rows]
+        ensemble.reorder(rows)
+    return results

@@ -1,0 +1,419 @@
+"""Files in, files out: lines of text -> batches by length -> search -> text, in input order.
+
+`translate_lines` streams: it reads its lines lazily in chunks (up to `chunk_lines`, or with
+`stream=True` whatever has already arrived, so a pipe or a terminal gets each translation at
+once), sorts each chunk by source length into token-budget batches, decodes them with
+search.py, restores the input order and yields one n-best list of (text, score) per input line.
+Blank lines give empty translations without running the model; a source longer than the model
+can hold is cut to its first `max_positions - 1` pieces. `read_lines` and `write_translations`
+are the file ends that the CLI calls.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import sys
+import tempfile
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Literal
+
+import torch
+
+from translate.checkpoint import load_model
+from translate.config import Config
+from translate.errors import UserError
+from translate.model import EOS, PAD, Transformer
+from translate.search import beam_search
+from translate.tokenizer import Tokenizer
+
+Translation = list[tuple[str, float]]  # one input line's n-best list: (text, score), best first
+
+
+def translate_lines(
+    models: Sequence[Transformer] | Transformer,
+    tokenizer: Tokenizer,
+    lines: Iterable[str],
+    *,
+    beam_size: int = 5,
+    length_penalty: float = 0.6,
+    max_len_a: float = 1.2,
+    max_len_b: float = 10,
+    batch_tokens: int = 8000,
+    nbest: int = 1,
+    device: torch.device | str | None = None,
+    stream: bool = False,
+    chunk_lines: int = 2000,
+) -> Iterator[Translation]:
+    """Translate `lines` (an ensemble when several models are given): an iterator that yields, per
+    input line and in input order, its `nbest` (text, score) pairs, best first (score: log-prob /
+    length penalty). Bad arguments raise UserError at once; the work happens as it is iterated.
+
+    batch_tokens bounds sentences x beam_size x padded source length per batch. The models must
+    already be on `device` (default: the first model's).
+    """
+    models = [models] if isinstance(models, torch.nn.Module) else list(models)
+    if beam_size < 1 or batch_tokens < 1 or chunk_lines < 1:
+        raise UserError("beam size, batch tokens and chunk lines must be at least 1")
+    if not 1 <= nbest <= beam_size:
+        raise UserError(f"nbest must be between 1 and the beam size ({beam_size}), got {nbest}")
+    device = torch.device(device) if device is not None else next(models[0].parameters()).device
+    max_pieces = min(m.cfg.max_positions for m in models) - 1  # + EOS = the model's capacity
+    search = dict(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b)
+    chunks = (arrived_chunks if stream else fixed_chunks)(lines, chunk_lines)
+    return (
+        translation
+        for chunk in chunks
+        for translation in translate_sources(
+            models, tokenizer, encode_sources(tokenizer, chunk, max_pieces), search, batch_tokens, nbest, device
+        )
+    )
+
+
+def fixed_chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    """Consecutive chunks of up to `size` lines."""
+    it = iter(lines)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
+
+
+_END = object()
+
+
+def arrived_chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    """Chunks of the lines that have already arrived (at least one, at most `size`).
+
+    A thread reads `lines` into a bounded queue; each chunk takes what is there without waiting
+    for more, so a line typed at a terminal is translated at once and a pipe still gets batches.
+    An error raised while reading (e.g. undecodable bytes) is raised here after the lines before it.
+    """
+    q: queue.Queue = queue.Queue(maxsize=size)
+    stop = threading.Event()
+
+    def put(item: object) -> None:
+        while not stop.is_set():
+            try:
+                return q.put(item, timeout=0.1)
+            except queue.Full:
+                continue
+
+    def reader() -> None:
+        try:
+            for line in lines:
+                if stop.is_set():
+                    return
+                put(line)
+        except BaseException as e:  # handed to the consumer
+            put(e)
+        put(_END)
+
+    threading.Thread(target=reader, daemon=True, name="translate-reader").start()
+    try:
+        while True:
+            item = q.get()  # wait for one line, then take what is already there
+            chunk: list[str] = []
+            while item is not _END and not isinstance(item, BaseException):
+                chunk.append(item)  # type: ignore[arg-type]
+                if len(chunk) == size:
+                    item = None
+                    break
+                try:
+                    item = q.get_nowait()
+                except queue.Empty:
+                    item = None
+                    break
+            if chunk:
+                yield chunk
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+    finally:
+        stop.set()
+
+
+def encode_sources(tokenizer: Tokenizer, lines: list[str], max_pieces: int) -> list[list[int] | None]:
+    """Each line's source ids (pieces cut to max_pieces, + EOS); None for a blank line."""
+    texts = [line.strip() for line in lines]
+    todo = [i for i, text in enumerate(texts) if text]
+    sources: list[list[int] | None] = [None] * len(lines)
+    for i, pieces in zip(todo, tokenizer.encode([texts[i] for i in todo]) if todo else [], strict=True):
+        sources[i] = pieces[:max_pieces] + [EOS]
+    return sources
+
+
+def token_batches(lengths: list[int], batch_tokens: int, beam_size: int = 1) -> list[list[int]]:
+    """Indices grouped into batches, longest first, so that sentences x beam_size x the longest
+    length stays within batch_tokens (a longer sentence gets a batch of its own)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and (len(batches[-1]) + 1) * beam_size * lengths[batches[-1][0]] <= batch_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def pad_batch(sources: list[list[int]], device: torch.device) -> torch.Tensor:
+    """Right-pad with PAD: (B, S)."""
+    src = torch.full((len(sources), max(map(len, sources))), PAD, dtype=torch.long)
+    for row, ids in enumerate(sources):
+        src[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return src.to(device)
+
+
+def translate_sources(
+    models: list[Transformer],
+    tokenizer: Tokenizer,
+    sources: list[list[int] | None],
+    search: dict,
+    batch_tokens: int,
+    nbest: int,
+    device: torch.device,
+) -> list[Translation]:
+    """Decode every non-blank source in token-budget batches; results in the order of `sources`."""
+    results: list[Translation] = [[("", 0.0)] * nbest for _ in sources]
+    todo = [i for i, ids in enumerate(sources) if ids is not None]
+    lengths = [len(sources[i]) for i in todo]  # type: ignore[arg-type]
+    with eval_mode(models):
+        for batch in token_batches(lengths, batch_tokens, search["beam_size"]):
+            rows = [todo[j] for j in batch]
+            src = pad_batch([sources[i] for i in rows], device)  # type: ignore[misc]
+            hyps = beam_search(models, src, nbest=nbest, **search)
+            texts = iter(tokenizer.decode([h.tokens for hs in hyps for h in hs]))
+            for i, hs in zip(rows, hyps, strict=True):
+                best = [(next(texts), h.score) for h in hs] or [("", float("-inf"))]
+                results[i] = (best + best[-1:] * nbest)[:nbest]  # always nbest entries
+    return results
+
+
+@contextmanager
+def eval_mode(models: list[Transformer]) -> Iterator[None]:
+    """Dropout off while decoding; each model's train/eval mode is restored afterwards."""
+    was_training = [m.training for m in models]
+    for m in models:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m, training in zip(models, was_training, strict=True):
+            m.train(training)
+
+
+# ---------------------------------------------------------------------------- the file ends
+
+
+def read_lines(path: str | Path = "-") -> Iterator[str]:
+    """The lines of a UTF-8 text file, or stdin for '-', without line ends, read lazily.
+
+    A missing file or undecodable bytes raise UserError naming the file (and line).
+    """
+    if str(path) == "-":
+        return _decode_lines(sys.stdin.buffer, "<stdin>")
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"input file not found: {path}")
+    return _decode_lines(path.open("rb"), str(path))
+
+
+def _decode_lines(f: IO[bytes], name: str) -> Iterator[str]:
+    with f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise UserError(f"{name}: line {number}: not valid UTF-8 (byte {e.start + 1} of the line)") from None
+            if number == 1:
+                line = line.removeprefix("\ufeff")
+            yield line.rstrip("\r\n")
+
+
+def format_translation(index: int, translation: Translation, nbest_format: Literal["text", "tsv"]) -> str:
+    """The output lines of one input line: its texts one a line ('text'), or
+    index<TAB>score<TAB>text ('tsv'); texts never break a line (or a TSV field)."""
+    out = []
+    for text, score in translation:
+        text = " ".join(text.splitlines())
+        if nbest_format == "tsv":
+            out.append(f"{index}\t{score:.4f}\t{text.replace(chr(9), ' ')}\n")
+        else:
+            out.append(text + "\n")
+    return "".join(out)
+
+
+def write_translations(
+    translations: Iterable[Translation], output: str | Path = "-", *, nbest_format: Literal["text", "tsv"] = "text"
+) -> int:
+    """Write translations (from translate_lines) to a file or stdout ('-'); returns the line count.
+
+    'text': each hypothesis's text on its own line (K lines per input line for K-best lists);
+    'tsv': index<TAB>score<TAB>text, index counting input lines from 0. stdout is flushed after
+    every input line (pipes and terminals see each translation at once); a file is written
+    under a temporary name and renamed at the end, so an error never leaves a half-written file.
+    """
+    if nbest_format not in ("text", "tsv"):
+        raise UserError(f"n-best format must be 'text' or 'tsv', got {nbest_format!r}")
+    if str(output) == "-":
+        return _write(translations, sys.stdout, nbest_format, flush=True)
+    path = Path(output)
+    if not path.parent.is_dir():
+        raise UserError(f"output directory not found: {path.parent}")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            count = _write(translations, f, nbest_format, flush=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return count
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _write(translations: Iterable[Translation], f: IO[str], nbest_format: Literal["text", "tsv"], flush: bool) -> int:
+    count = 0
+    for count, translation in enumerate(translations, start=1):
+        f.write(format_translation(count - 1, translation, nbest_format))
+        if flush:
+            f.flush()
+    return count
+
+
+# ---------------------------------------------------------------------------- checkpoints in (the CLI's calls)
+
+
+def resolve_device(name: str) -> torch.device:
+    """auto | cpu | cuda | cuda:N -> a device; asking for CUDA without a GPU is a UserError."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: no CUDA GPU is available (use auto or cpu)")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise UserError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}")
+    return torch.device(name)
+
+
+def load_models(
+    checkpoints: Sequence[str | Path], device: torch.device | str = "cpu"
+) -> tuple[list[Transformer], Tokenizer, Config]:
+    """The models of one or more checkpoints (an ensemble: one vocabulary), in eval mode on
+    `device`, the tokenizer and the first checkpoint's config (its decode defaults)."""
+    if not checkpoints:
+        raise UserError("give at least one checkpoint")
+    models, tokenizers, configs = zip(*(load_model(path, device) for path in checkpoints), strict=True)
+    for path, tokenizer in zip(checkpoints[1:], tokenizers[1:], strict=True):
+        if tokenizer.model_bytes != tokenizers[0].model_bytes:
+            raise UserError(f"{path}: its vocabulary differs from {checkpoints[0]}'s; an ensemble needs one vocabulary")
+    return list(models), tokenizers[0], configs[0]
+
+
+def decode_options(
+    cfg: Config,
+    beam: int | None = None,
+    length_penalty: float | None = None,
+    batch_tokens: int | None = None,
+    max_len_a: float | None = None,
+    max_len_b: float | None = None,
+) -> dict:
+    """Search options for translate_lines: the ones given, else the checkpoint's decode section."""
+    given = dict(
+        beam_size=beam,
+        length_penalty=length_penalty,
+        batch_tokens=batch_tokens,
+        max_len_a=max_len_a,
+        max_len_b=max_len_b,
+    )
+    return {key: getattr(cfg.decode, key) if value is None else value for key, value in given.items()}
+
+
+def decode_file(
+    checkpoints: Sequence[str | Path],
+    input: str | Path = "-",
+    output: str | Path = "-",
+    *,
+    beam: int | None = None,
+    length_penalty: float | None = None,
+    nbest: int = 1,
+    with_scores: bool = False,
+    batch_tokens: int | None = None,
+    max_len_a: float | None = None,
+    max_len_b: float | None = None,
+    device: str = "auto",
+) -> int:
+    """`translate decode`: a file (or stdin, translated line by line as it arrives) to a file or
+    stdout; K lines per input line for --nbest K, TSV with --scores. Returns the input line count."""
+    if str(input) != "-" and str(output) != "-" and Path(input).resolve() == Path(output).resolve():
+        raise UserError(f"--output {output} is the input file; choose another file")
+    lines = read_lines(input)
+    models, tokenizer, cfg = load_models(checkpoints, resolve_device(device))
+    options = decode_options(cfg, beam, length_penalty, batch_tokens, max_len_a, max_len_b)
+    translations = translate_lines(models, tokenizer, lines, nbest=nbest, stream=str(input) == "-", **options)
+    return write_translations(translations, output, nbest_format="tsv" if with_scores else "text")
+
+
+def translate_file_lines(
+    checkpoints: Sequence[str | Path],
+    sources: list[str],
+    *,
+    beam: int | None = None,
+    length_penalty: float | None = None,
+    batch_tokens: int | None = None,
+    device: str = "auto",
+    output: str | Path | None = None,
+) -> list[str]:
+    """`translate evaluate`: the 1-best translation of each source line (also written to `output`)."""
+    models, tokenizer, cfg = load_models(checkpoints, resolve_device(device))
+    options = decode_options(cfg, beam, length_penalty, batch_tokens)
+    hypotheses = [nbest[0][0] for nbest in translate_lines(models, tokenizer, sources, **options)]
+    if output is not None:
+        write_translations([[(h, 0.0)] for h in hypotheses], output)
+    return hypotheses
+
+
+def plot_attention(
+    checkpoint: str | Path,
+    sentence: str,
+    output: str | Path,
+    *,
+    layer: int = -1,
+    head: int | None = None,
+    beam: int | None = None,
+) -> str:
+    """`translate attention`: translate one sentence, save its cross-attention heatmap (PNG) at
+    `output` and return the translation."""
+    from translate.plot import attention_figure, cross_attention, plt
+
+    (model,), tokenizer, cfg = load_models([checkpoint], resolve_device("auto"))
+    n_layers, n_heads = model.cfg.decoder_layers, model.cfg.n_heads
+    if not -n_layers <= layer < n_layers:
+        raise UserError(f"--layer {layer}: the decoder has {n_layers} layers (0..{n_layers - 1}, or -1 for the last)")
+    if head is not None and not 0 <= head < n_heads:
+        raise UserError(f"--head {head}: the model has {n_heads} heads (0..{n_heads - 1})")
+    if not sentence.strip():
+        raise UserError("the sentence to translate is empty")
+    if not Path(output).parent.is_dir():
+        raise UserError(f"output directory not found: {Path(output).parent}")
+    options = decode_options(cfg, beam)
+    device = next(model.parameters()).device
+    src = pad_batch([encode_sources(tokenizer, [sentence], model.cfg.max_positions - 1)[0]], device)  # (1, S)
+    search = {k: v for k, v in options.items() if k != "batch_tokens"}
+    tokens = beam_search([model], src, **search)[0][0].tokens
+    weights, src_pieces, tgt_pieces = cross_attention(model, tokenizer, sentence.strip(), tokens, layer, head)
+    which = f"layer {layer}, " + ("mean of heads" if head is None else f"head {head}")
+    fig = attention_figure(weights, src_pieces, tgt_pieces, title=f"cross-attention, {which}")
+    fig.savefig(output, dpi=150)
+    plt.close(fig)
+    return tokenizer.decode([tokens])[0]
