@@ -27,7 +27,7 @@ def run_cli(*args: str, cwd: Path | None = None, input: str | None = None, check
     return result
 
 
-def tiny_config(tmp_path: Path, name: str = "e2e", **train) -> Path:
+def tiny_config(tmp_path: Path, name: str = "e2e", model: dict | None = None, **train) -> Path:
     """A files config on the committed Bible fixture, small enough to train in seconds."""
     cfg = {
         "name": name,
@@ -39,7 +39,7 @@ def tiny_config(tmp_path: Path, name: str = "e2e", **train) -> Path:
             "test": str(FIXTURES / "bible.test"),
         },
         "vocab": {"size": 300},
-        "model": {"d_model": 32, "n_heads": 2, "d_ff": 64, "encoder_layers": 1, "decoder_layers": 1},
+        "model": {"d_model": 32, "n_heads": 2, "d_ff": 64, "encoder_layers": 1, "decoder_layers": 1, **(model or {})},
         "train": {
             "max_tokens": 1024,
             "max_steps": 8,

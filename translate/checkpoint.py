@@ -21,6 +21,7 @@ can hold no code.
 from __future__ import annotations
 
 import os
+import pickle
 import platform
 import random
 import re
@@ -84,11 +85,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise UserError(f"{path} is a directory, not a checkpoint (try {path}/checkpoints/best.pt)")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except (zipfile.BadZipFile, RuntimeError, EOFError, ValueError) as e:
-        why = "truncated or corrupt" if "zip" in str(e).lower() or isinstance(e, EOFError) else "unreadable"
-        raise UserError(f"{path}: not a readable checkpoint ({why})") from None
-    except Exception as e:  # pickle errors of unrelated .pt files, e.g. whole pickled modules
-        raise UserError(f"{path}: not a translate checkpoint ({type(e).__name__})") from None
+    except Exception as e:  # torch raises many types here: zip, pickle, OS and runtime errors
+        raise UserError(f"{path}: {_why_unreadable(path, e)}") from None
     if not isinstance(ckpt, dict) or "format" not in ckpt or "model" not in ckpt:
         raise UserError(f"{path}: not a translate checkpoint (a .pt file of some other program)")
     if ckpt["format"] != CHECKPOINT_FORMAT:
@@ -97,6 +95,18 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"{ckpt.get('versions', {}).get('translate', '?')}); this version reads format {CHECKPOINT_FORMAT}"
         )
     return ckpt
+
+
+def _why_unreadable(path: Path, error: Exception) -> str:
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head:
+        return "an empty file, not a checkpoint"
+    if head == b"PK\x03\x04" and not zipfile.is_zipfile(path):
+        return "not a readable checkpoint (truncated or corrupt)"
+    if isinstance(error, pickle.UnpicklingError) or "weights_only" in str(error).lower():
+        return "not a translate checkpoint (it holds Python objects of another program)"
+    return f"not a translate checkpoint ({type(error).__name__})"
 
 
 def checkpoint_config(ckpt: dict[str, Any]) -> Config:

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
@@ -46,7 +48,8 @@ from translate.errors import UserError
 from translate.evaluate import read_lines, score
 from translate.loss import label_smoothed_nll_loss
 from translate.model import PAD, Transformer, count_parameters
-from translate.plot import attention_figure, cross_attention, figure_to_array
+from translate.plot import attention_figure, attention_maps, figure_to_array, heads_figure, sample_indices
+from translate.report import sentence_chrf
 from translate.tokenizer import Tokenizer
 from translate.translator import translate_lines
 
@@ -217,7 +220,9 @@ class Trainer:
         if self.main:
             self.ckpt_dir.mkdir(exist_ok=True)
             save_config(cfg, self.run / "config.yaml")
-            self.writer = SummaryWriter(self.run / "tb", purge_step=self.progress.step + 1)
+            if resume:
+                truncate_events(self.run / "tb", self.progress.step)
+            self.writer = SummaryWriter(self.run / "tb")
             log.info(
                 f"model: {count_parameters(self.model):,} parameters, vocab {self.tokenizer.vocab_size}; "
                 f"device {self.device}, amp {self.amp or 'off'}, world size {self.world}; "
@@ -349,17 +354,26 @@ class Trainer:
         return [nbest[0][0] for nbest in out]
 
     def _log_samples(self, hyps: list[str]) -> None:
+        """TensorBoard: the translations of a few fixed valid sentences (text) and their last-layer
+        cross-attention (images: mean of heads; every head for the first), to see alignment emerge."""
         step = self.progress.step
+        picks = sample_indices(self.tokenizer, self.valid_src[: len(hyps)])
+        chrf = sentence_chrf([hyps[i] for i in picks], [self.valid_ref[i] for i in picks])
         text = "\n\n".join(
-            f"**source:** {s}  \n**reference:** {r}  \n**output:** {h}"
-            for s, r, h in list(zip(self.valid_src, self.valid_ref, hyps))[:3]
+            f"**valid sentence {i + 1}** (chrF {c:.1f})  \n**source:** {self.valid_src[i]}  \n"
+            f"**reference:** {self.valid_ref[i]}  \n**output:** {hyps[i]}"
+            for i, c in zip(picks, chrf)
         )
         self.writer.add_text("valid/samples", text, step)
-        for k in range(min(2, len(hyps))):
-            target = self.tokenizer.encode([hyps[k]])[0][: self.cfg.model.max_positions - 2]
-            w, sp, tp = cross_attention(self.model, self.tokenizer, self.valid_src[k], target)
-            fig = attention_figure(w, sp, tp, title=f"step {step}: cross-attention, last layer, mean of heads")
+        for k, i in enumerate(picks):
+            target = self.tokenizer.encode([hyps[i]])[0][: self.cfg.model.max_positions - 2]
+            w, sp, tp = attention_maps(self.model, self.tokenizer, self.valid_src[i], target)  # (H, T, S)
+            title = f"step {step}, valid sentence {i + 1}: cross-attention, last layer"
+            fig = attention_figure(w.mean(0), sp, tp, title=f"{title}, mean of heads")
             self.writer.add_image(f"valid/attention_{k}", figure_to_array(fig), step, dataformats="HWC")
+            if k == 0:
+                grid = figure_to_array(heads_figure(w, sp, tp, title))
+                self.writer.add_image("valid/attention_heads", grid, step, dataformats="HWC")
 
     def _improved(self, metrics: dict[str, float]) -> bool:
         key = self.cfg.train.best_metric
@@ -378,6 +392,7 @@ class Trainer:
         rng = self._gather_rng()  # a collective: every rank takes part
         if not self.main:
             return
+        self.writer.flush()  # the curves up to this checkpoint survive a kill
         step = self.progress.step
         state = {
             "format": CHECKPOINT_FORMAT,
@@ -548,6 +563,25 @@ class Trainer:
             dist.destroy_process_group()
         if self.main:
             self.lock.release()
+
+
+def truncate_events(tb_dir: Path, step: int) -> None:
+    """Keep only the TensorBoard events up to `step`: a resumed run logs the later steps again.
+
+    The kept events are copied into a new event file before the old files are removed, so any
+    reader (not only those that honour purge markers) sees each step once.
+    """
+    old = sorted(tb_dir.glob("events.out.tfevents.*"))
+    if not old:
+        return
+    writer = EventFileWriter(str(tb_dir), filename_suffix=".resumed")
+    for path in old:
+        for event in LegacyEventFileLoader(str(path)).Load():
+            if event.WhichOneof("what") not in ("file_version", "session_log") and event.step <= step:
+                writer.add_event(event)
+    writer.close()
+    for path in old:
+        path.unlink()
 
 
 def _link(src: Path, dst: Path) -> None:

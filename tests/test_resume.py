@@ -1,0 +1,101 @@
+"""A run killed at any moment and resumed ends bitwise equal to a run never interrupted."""
+
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import run_cli, tiny_config
+
+STEPS = dict(max_steps=40, save_every=5, eval_every=20, log_every=5, eval_max_sentences=4, dropout_check=None)
+
+
+def config(tmp_path, name):
+    train = {k: v for k, v in STEPS.items() if k != "dropout_check"}
+    return tiny_config(tmp_path, name=name, threads=1, **train)
+
+
+def weights(run):
+    return torch.load(run / "checkpoints" / "last.pt", weights_only=True)["model"]
+
+
+def assert_bitwise_equal(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("reference")
+    run_cli("train", "--config", config(tmp, "ref"))
+    return tmp / "runs" / "ref"
+
+
+def start_training(cfg):
+    return subprocess.Popen(
+        [sys.executable, "-m", "translate", "train", "--config", str(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def interrupt_after_first_checkpoint(cfg, run, signum):
+    """Start a run, send `signum` at a random moment after its first checkpoint; retry if it was over."""
+    for _ in range(5):
+        for path in [run / "checkpoints", run / "tb"]:
+            if path.exists():
+                subprocess.run(["rm", "-rf", str(path)], check=True)
+        proc = start_training(cfg)
+        deadline = time.time() + 120
+        while not (run / "checkpoints" / "last.pt").exists():
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.time() < deadline
+            time.sleep(0.01)
+        time.sleep(random.uniform(0.0, 0.4))
+        if proc.poll() is None:
+            proc.send_signal(signum)
+            _, err = proc.communicate(timeout=120)
+            step = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"]
+            if step < STEPS["max_steps"]:
+                return proc.returncode, err, step
+        else:
+            proc.communicate()
+    pytest.fail("the run always finished before it could be interrupted")
+
+
+def resume_and_compare(cfg, run, reference):
+    run_cli("train", "--config", cfg, "--resume")
+    assert_bitwise_equal(weights(run), weights(reference))
+    events = EventAccumulator(str(run / "tb")).Reload()
+    steps = [e.step for e in events.Scalars("train/loss")]
+    assert steps == list(range(5, STEPS["max_steps"] + 1, 5)), "TensorBoard steps duplicated or missing"
+    assert [e.step for e in events.Scalars("valid/bleu")] == [20, 40]
+
+
+def test_sigkill_then_resume_is_bitwise_identical(tmp_path, uninterrupted):
+    cfg, run = config(tmp_path, "killed"), tmp_path / "runs" / "killed"
+    code, _, step = interrupt_after_first_checkpoint(cfg, run, signal.SIGKILL)
+    assert code == -signal.SIGKILL and step % STEPS["save_every"] == 0
+    torch.load(run / "checkpoints" / "last.pt", weights_only=True)  # intact despite the kill
+    resume_and_compare(cfg, run, uninterrupted)
+
+
+def test_sigint_saves_says_how_to_resume_and_resumes_identically(tmp_path, uninterrupted):
+    cfg, run = config(tmp_path, "interrupted"), tmp_path / "runs" / "interrupted"
+    code, err, step = interrupt_after_first_checkpoint(cfg, run, signal.SIGINT)
+    assert code == 128 + signal.SIGINT
+    assert "--resume" in err and f"step {step}" in err and "Traceback" not in err
+    resume_and_compare(cfg, run, uninterrupted)
+
+
+def test_resume_of_a_finished_run_changes_nothing(uninterrupted):
+    before = weights(uninterrupted)
+    run_cli("train", "--config", uninterrupted / "config.yaml", "--resume")
+    assert_bitwise_equal(weights(uninterrupted), before)

@@ -1,0 +1,187 @@
+"""Training internals: schedules, accumulation, precision selection, skipped updates, checkpoint policy."""
+
+import math
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from conftest import run_cli, tiny_config
+from translate.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, load_model, step_checkpoints
+from translate.config import config_from_dict, load_config
+from translate.data import collate
+from translate.errors import UserError
+from translate.train import Trainer, amp_dtype, lr_lambda
+
+
+def cfg_for(tmp_path, name="t", model=None, **train):
+    return load_config(tiny_config(tmp_path, name=name, model=model, **train))
+
+
+@pytest.mark.parametrize("schedule", ["noam", "inverse_sqrt", "cosine"])
+def test_schedules_warm_up_then_decay(schedule):
+    cfg = config_from_dict({"train": {"schedule": schedule, "warmup_steps": 100, "max_steps": 1000, "lr": 1e-3}})
+    f = lr_lambda(cfg)
+    lrs = [f(s) * cfg.train.lr for s in range(1000)]
+    peak = int(np.argmax(lrs))
+    assert 95 <= peak <= 100
+    assert all(a < b for a, b in zip(lrs[:peak], lrs[1 : peak + 1]))  # warmup rises
+    assert all(a >= b for a, b in zip(lrs[peak:], lrs[peak + 1 :]))  # then never rises
+    if schedule == "noam":
+        assert lrs[peak] == pytest.approx(256**-0.5 * 100**-0.5, rel=0.02)
+    else:
+        assert lrs[peak] == pytest.approx(1e-3, rel=0.02)
+    if schedule == "cosine":
+        assert lrs[-1] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_amp_selection():
+    cpu = torch.device("cpu")
+    assert amp_dtype("auto", cpu) is None and amp_dtype("off", cpu) is None
+    assert amp_dtype("bf16", cpu) == torch.bfloat16
+    with pytest.raises(UserError, match="fp16 needs a CUDA GPU"):
+        amp_dtype("fp16", cpu)
+    cuda = torch.device("cuda:0")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+        assert amp_dtype("auto", cuda) == torch.bfloat16 and amp_dtype("fp16", cuda) == torch.float16
+        mp.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+        assert amp_dtype("auto", cuda) == torch.float16 and amp_dtype("off", cuda) is None
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of")
+def test_accumulating_two_batches_equals_one_batch_of_both(tmp_path):
+    """Update on [b1, b2] with accumulate 2 == update on the batch b1+b2 (losses summed over tokens)."""
+    a = Trainer(cfg_for(tmp_path, "a", model={"dropout": 0.0}, accumulate=2), resume=False)
+    b = Trainer(cfg_for(tmp_path, "b", model={"dropout": 0.0}), resume=False)
+    b.model.load_state_dict(a.model.state_dict())
+    for t in (a, b):  # plain SGD: Adam would blow numerical noise (e.g. key biases' ~0 gradients) up to full steps
+        t.optimizer = torch.optim.SGD(t.model.parameters(), lr=1.0)
+    batches = a.epoch_batches(0)[:2]
+    a._update([collate(a.train_data, idx) for idx in batches], 0)
+    b._update([collate(b.train_data, np.concatenate(batches))], 0)
+    for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters()):
+        torch.testing.assert_close(pa, pb, atol=1e-6, rtol=1e-5, msg=name)
+    for t in (a, b):
+        t._close()
+
+
+def test_bf16_autocast_on_cpu_trains(tmp_path):
+    t = Trainer(cfg_for(tmp_path, "bf16", amp="bf16"), resume=False)
+    batch = collate(t.train_data, t.epoch_batches(0)[0])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = t.net(batch.src, batch.tgt_in)
+    assert logits.dtype == torch.bfloat16
+    before = [p.detach().clone() for p in t.model.parameters()]
+    sums, finite, _ = t._update([batch], 0)
+    assert finite and math.isfinite(float(sums["loss"]))
+    assert all(p.dtype == torch.float32 for p in t.model.parameters())  # master weights stay fp32
+    assert any(not torch.equal(a, p) for a, p in zip(before, t.model.parameters()))
+    t._close()
+
+
+def test_non_finite_updates_are_skipped_then_stop(tmp_path, monkeypatch):
+    t = Trainer(cfg_for(tmp_path, "nan", max_bad_steps=3), resume=False)
+    before = {k: v.clone() for k, v in t.model.state_dict().items()}
+    forward = t._forward_loss
+    monkeypatch.setattr(t, "_forward_loss", lambda batch: tuple(x * float("nan") for x in forward(batch)))
+    with pytest.raises(UserError, match="3 updates in a row had a non-finite loss"):
+        t.fit()
+    assert t.progress.skipped == 3 and t.progress.step == 0
+    for k, v in t.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_checkpoint_policy_keep_last_best_and_patience(tmp_path):
+    cfg = tiny_config(
+        tmp_path,
+        name="policy",
+        max_steps=40,
+        eval_every=2,
+        save_every=2,
+        keep_last=2,
+        patience=2,
+        best_metric="bleu",
+        lr=1e-7,
+        warmup_steps=1,
+    )
+    run_cli("train", "--config", cfg)
+    ckpts = tmp_path / "runs" / "policy" / "checkpoints"
+    steps = step_checkpoints(ckpts)
+    assert len(steps) == 2  # keep_last
+    last = load_checkpoint(ckpts / "last.pt")
+    assert last["step"] == 6  # lr 1e-7 leaves the output (and BLEU) unchanged: 2 evaluations without progress
+    best = load_checkpoint(ckpts / "best.pt")
+    assert best["step"] == 2 and last["progress"]["bad_evals"] == 2
+    assert "patience" in (tmp_path / "runs" / "policy" / "train.log").read_text()
+
+
+def test_average_of_identical_checkpoints_is_identity(trained_run, tmp_path):
+    run, _ = trained_run
+    last = run / "checkpoints" / "last.pt"
+    copy = tmp_path / "copy.pt"
+    shutil.copy(last, copy)
+    avg = tmp_path / "avg.pt"
+    run_cli("average", last, copy, "-o", avg)
+    a, b = load_checkpoint(avg)["model"], load_checkpoint(last)["model"]
+    for k in a:
+        torch.testing.assert_close(a[k], b[k])
+    model, tokenizer, _ = load_model(avg)
+    assert tokenizer.vocab_size == model.vocab_size
+
+
+def test_checkpoint_format_and_foreign_files_are_refused(trained_run, tmp_path):
+    run, _ = trained_run
+    ckpt = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert ckpt["versions"]["torch"] == str(torch.__version__) and ckpt["format"] == CHECKPOINT_FORMAT
+    old = tmp_path / "old.pt"
+    torch.save({**ckpt, "format": CHECKPOINT_FORMAT + 1}, old)
+    result = run_cli("info", old, check=False)
+    assert result.returncode == 2 and "format" in result.stderr and "Traceback" not in result.stderr
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, foreign)
+    result = run_cli("decode", foreign, input="hi\n", check=False)
+    assert result.returncode == 2 and "not a translate checkpoint" in result.stderr
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes((run / "checkpoints" / "last.pt").read_bytes()[:5000])
+    result = run_cli("decode", truncated, input="hi\n", check=False)
+    assert result.returncode == 2 and "truncated or corrupt" in result.stderr
+
+
+def test_resume_refuses_a_changed_model(trained_run, tmp_path):
+    run, config = trained_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    cfg = yaml.safe_load((copy / "config.yaml").read_text())
+    cfg["run_dir"], cfg["name"], cfg["model"]["d_ff"] = str(tmp_path), "copy", 96
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump(cfg))
+    result = run_cli("train", "--config", changed, "--resume", check=False)
+    assert result.returncode == 2 and "model.d_ff" in result.stderr
+
+
+def test_torchrun_two_processes_match_one_process_on_the_same_global_batch(tmp_path):
+    """2 ranks x 1 batch (gloo) == 1 process x accumulate 2: same update, written once."""
+    common = dict(max_steps=1, eval_every=1, save_every=1, log_every=1, threads=1, model={"dropout": 0.0})
+    single = tiny_config(tmp_path, name="single", accumulate=2, **common)
+    ddp = tiny_config(tmp_path, name="ddp", **common)
+    run_cli("train", "--config", single)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    result = subprocess.run(
+        [*torchrun, "-m", "translate", "train", "--config", str(ddp)], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    a = load_checkpoint(tmp_path / "runs" / "single" / "checkpoints" / "last.pt")
+    b = load_checkpoint(tmp_path / "runs" / "ddp" / "checkpoints" / "last.pt")
+    for k in a["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], atol=1e-5, rtol=1e-4, msg=k)
+    assert a["metrics"]["loss"] == pytest.approx(b["metrics"]["loss"], rel=1e-4)
+    assert len(b["rng"]) == 2  # each rank's random state, for an exact resume
+    run = tmp_path / "runs" / "ddp"
+    assert len(list((run / "tb").glob("events.*"))) == 1
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.pt", "last.pt", "step_0000001.pt"]
+    assert (run / "train.log").read_text().count("training stopped") == 1
