@@ -53,6 +53,7 @@ def test_overrides_and_yaml_quirks():
     )
     assert cfg.train.lr == pytest.approx(7e-4)  # YAML 1.1 reads 7e-4 as a string
     assert cfg.model.d_model == 128 and cfg.train.max_epochs == 3 and cfg.name == "x"
+    assert config_from_dict({"train": {"amp": False}}, ["train.amp=off"]).train.amp == "off"  # YAML 1.1: off is False
     with pytest.raises(UserError, match="section.key=value"):
         config_from_dict({}, ["model.d_model"])
     with pytest.raises(UserError, match="unknown config key 'model.dmodel'"):
