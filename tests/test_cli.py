@@ -6,7 +6,7 @@ import yaml
 from conftest import FIXTURES, run_cli, tiny_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-COMMANDS = ["prepare", "train", "decode", "evaluate", "average", "attention", "info"]
+COMMANDS = ["prepare", "train", "decode", "evaluate", "average", "attention", "info", "plot"]
 
 
 def test_help_lists_every_command():

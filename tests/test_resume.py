@@ -8,9 +8,8 @@ import time
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
 from conftest import run_cli, tiny_config
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 STEPS = dict(max_steps=40, save_every=5, eval_every=20, log_every=5, eval_max_sentences=4, dropout_check=None)
 

@@ -85,7 +85,7 @@ def test_max_output_lengths_counts_pieces_only():
 def test_top_candidates_flattens_beam_and_vocab():
     scores = torch.tensor([[-1.0, -2.0]])  # one sentence, two beams
     logp = torch.log(torch.tensor([[0.1, 0.2, 0.7], [0.5, 0.25, 0.25]]))  # (2 beams, V=3)
-    top, beam, token = top_candidates(scores, logp, 3)
+    top, beam, token = top_candidates(scores, *logp.topk(2, dim=1), 3)  # each beam's 2 best hold the 3 best
     assert beam.tolist() == [[0, 0, 1]] and token.tolist() == [[2, 1, 0]]
     assert top[0].tolist() == pytest.approx([-1 + math.log(0.7), -1 + math.log(0.2), -2 + math.log(0.5)])
 
@@ -164,7 +164,7 @@ class ScriptedModel:
         return logits
 
     @staticmethod
-    def reorder_state(state: list[tuple[int, ...]], index: torch.Tensor) -> list[tuple[int, ...]]:
+    def reorder_state(state: list[tuple[int, ...]], index: torch.Tensor, keep=None) -> list[tuple[int, ...]]:
         return [state[i] for i in index.tolist()]
 
 

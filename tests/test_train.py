@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
-
 from conftest import run_cli, tiny_config
+
 from translate.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, load_model, step_checkpoints
 from translate.config import config_from_dict, load_config
 from translate.data import collate

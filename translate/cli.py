@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 import typer
 
@@ -139,7 +139,9 @@ def decode(
 @app.command()
 def evaluate(
     checkpoints: Annotated[Optional[list[Path]], typer.Argument(help="Checkpoint(s) to translate --src with.")] = None,
-    src: Annotated[Optional[Path], typer.Option("--src", help="English source file to translate.")] = None,
+    src: Annotated[
+        Optional[Path], typer.Option("--src", help="English source file to translate (with --hyp: shown in --report).")
+    ] = None,
     ref: Annotated[Path, typer.Option("--ref", help="French reference file, one line per source line.")] = ...,
     hyp: Annotated[
         Optional[Path], typer.Option("--hyp", help="Score this existing output instead of translating.")
@@ -149,23 +151,37 @@ def evaluate(
     lenpen: LenpenOpt = None,
     batch_tokens: BatchOpt = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the scores and signatures as JSON.")] = None,
+    report: Annotated[
+        Optional[Path],
+        typer.Option("--report", help="Write an HTML page: every sentence with its chrF, worst first, and histograms."),
+    ] = None,
+    hyp_b: Annotated[
+        Optional[Path],
+        typer.Option("--hyp-b", help="A second system's output: scored too, side by side in --report."),
+    ] = None,
     device: DeviceOpt = "auto",
 ) -> None:
     """sacreBLEU BLEU and chrF (with signatures) of a checkpoint on --src/--ref, or of --hyp against --ref."""
     from translate.evaluate import format_scores, read_lines, score, write_json
+    from translate.report import build_report, check_report_path, write_report
     from translate.translator import translate_file_lines
 
+    if report:
+        check_report_path(report, [ref, src, hyp, hyp_b, *(checkpoints or [])])
     references = read_lines(ref, "reference")
+    sources = read_lines(src, "source") if src is not None else None
+    if sources is not None and len(sources) != len(references):
+        raise UserError(f"{src} has {len(sources)} lines but {ref} has {len(references)}: they must match")
+    hypotheses_b = read_lines(hyp_b, "second hypothesis") if hyp_b is not None else None
+    if hypotheses_b is not None and len(hypotheses_b) != len(references):
+        raise UserError(f"{hyp_b} has {len(hypotheses_b)} lines but {ref} has {len(references)}: they must match")
     if hyp is not None:
-        if checkpoints or src:
+        if checkpoints:
             raise UserError("give either --hyp (score existing output) or a checkpoint with --src, not both")
         hypotheses = read_lines(hyp, "hypothesis")
     else:
-        if not checkpoints or src is None:
+        if not checkpoints or sources is None:
             raise UserError("evaluate needs a checkpoint and --src, or --hyp (see translate evaluate --help)")
-        sources = read_lines(src, "source")
-        if len(sources) != len(references):
-            raise UserError(f"{src} has {len(sources)} lines but {ref} has {len(references)}: they must match")
         hypotheses = translate_file_lines(
             checkpoints,
             sources,
@@ -179,6 +195,19 @@ def evaluate(
     typer.echo(format_scores(scores))
     if json_out:
         write_json(scores, json_out)
+    all_scores = [scores]
+    if hypotheses_b is not None:
+        all_scores.append(score(hypotheses_b, references))
+        typer.echo(f"\n--hyp-b {hyp_b}:\n" + format_scores(all_scores[1]))
+    if report:
+        system = str(hyp) if hyp is not None else " + ".join(map(str, checkpoints or []))
+        inputs = [f"reference: {ref}"] + [f"source: {src}"] * (src is not None)
+        page = build_report(
+            references, hypotheses, sources=sources, hypotheses_b=hypotheses_b, names=[system, str(hyp_b)],
+            inputs=inputs, title=f"translation report: {system}", scores=all_scores,
+        )  # fmt: skip
+        write_report(report, page)
+        typer.echo(f"report written to {report}")
 
 
 @app.command()
@@ -211,16 +240,45 @@ def average(
 def attention(
     checkpoint: Checkpoint,
     sentence: Annotated[str, typer.Argument(help="An English sentence.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="PNG file to write.")] = Path("attention.png"),
-    layer: Annotated[int, typer.Option("--layer", help="Decoder layer (0-based; -1 = last).")] = -1,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Picture: .png, .pdf, .svg")] = Path("attention.png"),
+    layer: Annotated[
+        int, typer.Option("--layer", help="Layer (0-based; -1 = last): decoder, or encoder with --self encoder.")
+    ] = -1,
     head: Annotated[Optional[int], typer.Option("--head", help="Attention head (default: mean of all heads).")] = None,
+    all_heads: Annotated[bool, typer.Option("--all-heads", help="A grid with every head of the layer.")] = False,
+    self_attention: Annotated[
+        Optional[Literal["encoder", "decoder"]],
+        typer.Option(
+            "--self",
+            help="Self-attention instead: 'encoder' (source over source) or 'decoder' (output over earlier output).",
+        ),
+    ] = None,
     beam: BeamOpt = None,
 ) -> None:
-    """Translate one sentence and plot its cross-attention as a heatmap over subword pieces."""
+    """Translate one sentence and plot its attention as a heatmap over subword pieces.
+
+    Cross-attention (output over source) by default; --self encoder|decoder for self-attention;
+    --all-heads for a grid of every head, --head H for one.
+    """
     from translate.translator import plot_attention
 
-    translation = plot_attention(checkpoint, sentence, output, layer=layer, head=head, beam=beam)
+    translation = plot_attention(
+        checkpoint, sentence, output, layer=layer, head=head, beam=beam, all_heads=all_heads,
+        self_attention=self_attention,
+    )  # fmt: skip
     typer.echo(f"{translation}\nattention heatmap written to {output}")
+
+
+@app.command()
+def plot(
+    runs: Annotated[list[Path], typer.Argument(help="Run directories (RUN_DIR/NAME, or their tb/ folders).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Picture: .png, .pdf, .svg ...")] = Path("curves.png"),
+) -> None:
+    """Training curves of one or several runs from their TensorBoard logs: loss, validation BLEU, learning rate."""
+    from translate.plot import plot_curves
+
+    plot_curves(runs, output)
+    typer.echo(f"curves of {len(runs)} run{'s' * (len(runs) > 1)} written to {output}")
 
 
 @app.command()

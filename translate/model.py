@@ -174,30 +174,63 @@ class DecoderLayer(nn.Module):
         x = self.sub_ffn.out(x, self.ffn(self.sub_ffn.inp(x)))
         return x, w_self, w_cross
 
-    def step(self, x: torch.Tensor, cache: dict[str, torch.Tensor], src_mask: torch.Tensor) -> torch.Tensor:
-        """One new position. x (B, 1, D); cache holds self k/v (B, H, t, K) and cross k/v (B, H, S, K)."""
+    def step(self, x: torch.Tensor, cache: LayerCache, src_mask: torch.Tensor, t: int) -> torch.Tensor:
+        """Position t of every row. x (R, 1, D), R = N sentences x beams (a sentence's rows adjacent),
+        src_mask (N, 1, 1, S). The new keys/values join the cache; the source's are read per sentence."""
+        R, N = x.size(0), src_mask.size(0)
+        attn, cross = self.self_attn, self.cross_attn
         h = self.sub_self.inp(x)
-        attn = self.self_attn
-        q, k, v = attn.split_heads(attn.W_q(h)), attn.split_heads(attn.W_k(h)), attn.split_heads(attn.W_v(h))
-        if "k" in cache:
-            k = torch.cat([cache["k"], k], dim=2)  # (B, H, t+1, K)
-            v = torch.cat([cache["v"], v], dim=2)
-        cache["k"], cache["v"] = k, v
-        y, _ = attn.attend(q, k, v)  # the new position may see every cached one
+        q = attn.split_heads(attn.W_q(h))  # (R, H, 1, K)
+        kv = cache.append(t, attn.W_k(h), attn.W_v(h))  # (t+1, 2, R, D)
+        k, v = (kv[:, i].view(t + 1, R, attn.n_heads, attn.d_k).permute(1, 2, 0, 3) for i in (0, 1))  # (R, H, t+1, K)
+        y, _ = attn.attend(q, k, v)  # the new position sees every cached one
         x = self.sub_self.out(x, y)
-        cross = self.cross_attn
-        q = cross.split_heads(cross.W_q(self.sub_cross.inp(x)))
-        y, _ = cross.attend(q, cache["mk"], cache["mv"], src_mask)
-        x = self.sub_cross.out(x, y)
+        q = cross.W_q(self.sub_cross.inp(x)).view(N, R // N, cross.n_heads, cross.d_k).transpose(1, 2)  # (N, H, beams, K)
+        y, _ = cross.attend(q, cache.mk, cache.mv, src_mask)  # (N, beams, D): a sentence's beams share its source
+        x = self.sub_cross.out(x, y.view(R, 1, -1))
         return self.sub_ffn.out(x, self.ffn(self.sub_ffn.inp(x)))
 
 
 @dataclass
-class DecoderState:
-    """What incremental decoding carries between steps; every tensor has the batch first."""
+class LayerCache:
+    """One decoder layer's incremental-decoding cache.
 
-    src_mask: torch.Tensor  # (B, 1, 1, S) True = real source token
-    caches: list[dict[str, torch.Tensor]]  # per decoder layer: k, v (B, H, t, K); mk, mv (B, H, S, K)
+    The source's cross-attention keys/values are computed once and kept one row per sentence;
+    the self-attention keys/values of the positions decoded so far are kept time-major in a
+    buffer that grows by doubling, so a step writes one slice and a reorder is one index_select.
+    """
+
+    mk: torch.Tensor  # (N, H, S, K) cross-attention keys of the source
+    mv: torch.Tensor  # (N, H, S, K) cross-attention values
+    kv: torch.Tensor | None = None  # (capacity, 2, R, D) self-attention keys [:, 0] and values [:, 1]
+
+    def append(self, t: int, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """k, v (R, 1, D) of position t -> keys/values of positions 0..t: (t+1, 2, R, D)."""
+        if self.kv is None or t == self.kv.size(0):
+            grown = k.new_empty(max(16, 2 * t), 2, k.size(0), k.size(2))
+            if t:
+                grown[:t] = self.kv[:t]
+            self.kv = grown
+        self.kv[t, 0] = k[:, 0]
+        self.kv[t, 1] = v[:, 0]
+        return self.kv[: t + 1]
+
+    def select(self, t: int, index: torch.Tensor, keep: torch.Tensor | None) -> LayerCache:
+        """The cache of rows `index` (first t positions) and of sentences `keep` (None: all)."""
+        mk, mv = (self.mk, self.mv) if keep is None else (self.mk.index_select(0, keep), self.mv.index_select(0, keep))
+        if self.kv is None:
+            return LayerCache(mk, mv)
+        kv = self.kv.new_empty(self.kv.size(0), 2, index.numel(), self.kv.size(3))
+        torch.index_select(self.kv[:t], 2, index, out=kv[:t])
+        return LayerCache(mk, mv, kv)
+
+
+@dataclass
+class DecoderState:
+    """What incremental decoding carries between steps (see Transformer.decode_step)."""
+
+    src_mask: torch.Tensor  # (N, 1, 1, S) True = real source token, one row per sentence
+    caches: list[LayerCache]  # one per decoder layer
     step: int = 0  # positions decoded so far
 
 
@@ -284,26 +317,39 @@ class Transformer(nn.Module):
     # -------------------------------------------------------------------- incremental decoding
 
     def init_state(self, memory: torch.Tensor, src_mask: torch.Tensor) -> DecoderState:
-        """Compute every decoder layer's cross-attention keys/values once: (B, H, S, K)."""
+        """One row per sentence: every decoder layer's cross-attention keys/values, computed once (N, H, S, K)."""
         caches = []
         for layer in self.decoder:
             cross = layer.cross_attn
-            caches.append({"mk": cross.split_heads(cross.W_k(memory)), "mv": cross.split_heads(cross.W_v(memory))})
+            caches.append(LayerCache(cross.split_heads(cross.W_k(memory)), cross.split_heads(cross.W_v(memory))))
         return DecoderState(src_mask=src_mask, caches=caches)
 
     def decode_step(self, tokens: torch.Tensor, state: DecoderState) -> torch.Tensor:
-        """tokens (B,) the last output of each row -> logits (B, V) of the next token; updates state."""
-        x = self.embed_tokens(self.tgt_embed, tokens[:, None], offset=state.step)  # (B, 1, D)
+        """tokens (R,) the last output of each row -> logits (R, V) of the next token; updates state.
+
+        R is a multiple of the state's N sentences: each sentence's rows (its beams) are adjacent.
+        """
+        x = self.embed_tokens(self.tgt_embed, tokens[:, None], offset=state.step)  # (R, 1, D)
         for layer, cache in zip(self.decoder, state.caches):
-            x = layer.step(x, cache, state.src_mask)
+            x = layer.step(x, cache, state.src_mask, state.step)
         state.step += 1
         return self.output(self.dec_norm(x[:, 0]))
 
     @staticmethod
-    def reorder_state(state: DecoderState, index: torch.Tensor) -> DecoderState:
-        """Keep/reorder/repeat rows: every cached tensor becomes tensor[index]."""
-        caches = [{k: t.index_select(0, index) for k, t in c.items()} for c in state.caches]
-        return DecoderState(state.src_mask.index_select(0, index), caches, state.step)
+    def reorder_state(state: DecoderState, index: torch.Tensor, keep: torch.Tensor | None = None) -> DecoderState:
+        """Follow the beams: row r of the new state is row index[r] of the old one.
+
+        keep (N',) ascending: the sentences that stay (index must pick only their rows, in sentence
+        order); the source's keys/values are copied only when some leave. Without keep the state
+        has one row per sentence and index picks (reorders, repeats) whole sentences.
+        The old state must not be used afterwards.
+        """
+        sentences = index if keep is None else keep
+        if keep is not None and keep.numel() == state.src_mask.size(0):
+            sentences = None  # every sentence stays: the source's keys/values are shared, not copied
+        src_mask = state.src_mask if sentences is None else state.src_mask.index_select(0, sentences)
+        caches = [c.select(state.step, index, sentences) for c in state.caches]
+        return DecoderState(src_mask, caches, state.step)
 
 
 def count_parameters(model: nn.Module) -> int:

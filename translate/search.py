@@ -96,6 +96,11 @@ class Ensemble:
         logp[:, BOS] = NEG_INF
         return logp
 
+    def top(self, tokens: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens (R,) -> each row's n most probable next tokens: log-probs (R, n) and ids (R, n), best first."""
+        logp = self.step(tokens)
+        return logp.topk(min(n, logp.size(1)), dim=1)
+
     def _logits(self, model: Any, state: Any, tokens: torch.Tensor) -> torch.Tensor:
         if self.use_cache:
             return model.decode_step(tokens, state)
@@ -103,10 +108,11 @@ class Ensemble:
         hidden = model.decode(state.prefix, state.memory, state.src_mask)  # (R, t+1, D)
         return model.output(hidden[:, -1])
 
-    def reorder(self, index: torch.Tensor) -> None:
-        """Keep / reorder / repeat rows: every state row r becomes row index[r]."""
+    def reorder(self, index: torch.Tensor, keep: torch.Tensor | None = None) -> None:
+        """Follow the beams: state row r becomes row index[r]; keep (N',) the sentences that stay
+        (see Transformer.reorder_state; None: one row per sentence, index picks sentences)."""
         if self.use_cache:
-            self.states = [m.reorder_state(s, index) for m, s in zip(self.models, self.states, strict=True)]
+            self.states = [m.reorder_state(s, index, keep) for m, s in zip(self.models, self.states, strict=True)]
         else:
             self.states = [s.select(index) for s in self.states]
 
@@ -131,17 +137,17 @@ def max_output_lengths(src: torch.Tensor, max_len_a: float, max_len_b: float) ->
     return (max_len_a * src_len + max_len_b).long().clamp(min=1)
 
 
-def top_candidates(scores: torch.Tensor, logp: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+def top_candidates(scores: torch.Tensor, logp: torch.Tensor, ids: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
     """The n best one-token extensions of each sentence's beams, best first.
 
-    scores (N, k) the open hypotheses' log-probs, logp (N*k, V) -> candidate scores, parent beam
-    (0..k-1) and token, each (N, n).
+    scores (N, k) the open hypotheses' log-probs; logp, ids (N*k, n) each beam's n best next tokens
+    (which hold the sentence's n best extensions) -> candidate scores, parent beam (0..k-1) and
+    token, each (N, n).
     """
-    N, k = scores.shape
-    V = logp.size(1)
-    total = (scores.reshape(N * k, 1) + logp).view(N, k * V)  # (N, k*V)
-    top, flat = total.topk(min(n, k * V), dim=1)
-    return top, flat // V, flat % V
+    (N, k), m = scores.shape, logp.size(1)
+    total = (scores.reshape(N * k, 1) + logp).view(N, k * m)  # (N, k*m)
+    top, flat = total.topk(min(n, k * m), dim=1)
+    return top, flat // m, ids.view(N, k * m).gather(1, flat)
 
 
 def split_candidates(
@@ -252,7 +258,7 @@ def greedy_search(
     history = src.new_empty((B, 0))  # (N, t)
     results: list[Hypothesis | None] = [None] * B
     for step in range(int(max_lens.max())):
-        best, tokens = ensemble.step(tokens).max(dim=1)  # (N,), (N,)
+        best, tokens = (t[:, 0] for t in ensemble.top(tokens, 1))  # (N,), (N,)
         log_probs = log_probs + best
         history = torch.cat([history, tokens[:, None]], dim=1)  # (N, t+1)
         done = (tokens == EOS) | (max_lens <= step + 1)
@@ -323,7 +329,7 @@ def beam_search_loop(
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
     for step in range(int(max_lens.max())):
         length, (N, beams) = step + 1, scores.shape
-        cand_scores, cand_beams, cand_tokens = top_candidates(scores, ensemble.step(tokens), 2 * k)
+        cand_scores, cand_beams, cand_tokens = top_candidates(scores, *ensemble.top(tokens, 2 * k), 2 * k)
         parents = cand_beams + beams * torch.arange(N, device=device)[:, None]  # (N, 2k) parent rows
         finish, go_on = split_candidates(cand_scores, cand_tokens, k, max_lens <= length)
         if finish.any():
@@ -335,6 +341,7 @@ def beam_search_loop(
         history = torch.cat([history[rows], tokens[:, None]], dim=1)  # (N*k, t+1)
         beaten = finished.full() & (open_bound(scores, length, max_lens, alpha) <= finished.worst())
         done = (max_lens <= length) | beaten
+        keep = torch.arange(N, device=device)  # (N',) the sentences that go on
         if done.any():
             for i in done.nonzero().squeeze(1).tolist():
                 results[int(ids[i])] = finished.hypotheses(i, nbest)
@@ -345,5 +352,5 @@ def beam_search_loop(
             ids, scores, max_lens = ids[keep], scores[keep], max_lens[keep]
             finished.select(keep)
             rows, tokens, history = rows[keep_rows], tokens[keep_rows], history[keep_rows]
-        ensemble.reorder(rows)
+        ensemble.reorder(rows, keep)
     return results

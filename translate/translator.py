@@ -391,15 +391,25 @@ def plot_attention(
     layer: int = -1,
     head: int | None = None,
     beam: int | None = None,
+    all_heads: bool = False,
+    self_attention: Literal["encoder", "decoder"] | None = None,
 ) -> str:
-    """`translate attention`: translate one sentence, save its cross-attention heatmap (PNG) at
-    `output` and return the translation."""
-    from translate.plot import attention_figure, cross_attention, plt
+    """`translate attention`: translate one sentence, save a heatmap (PNG) of its attention at
+    `output` and return the translation. Cross-attention by default, or the encoder's or the
+    decoder's self-attention; one head, the mean of the heads, or (all_heads) a grid of every head."""
+    from translate.plot import AXES, attention_figure, attention_maps, heads_figure, save_figure
 
+    kind = self_attention or "cross"
+    if kind not in AXES:
+        raise UserError(f"--self must be 'encoder' or 'decoder', got {kind!r}")
+    if all_heads and head is not None:
+        raise UserError("give either --head H or --all-heads, not both")
     (model,), tokenizer, cfg = load_models([checkpoint], resolve_device("auto"))
-    n_layers, n_heads = model.cfg.decoder_layers, model.cfg.n_heads
+    stack = "encoder" if kind == "encoder" else "decoder"
+    n_layers, n_heads = getattr(model.cfg, f"{stack}_layers"), model.cfg.n_heads
     if not -n_layers <= layer < n_layers:
-        raise UserError(f"--layer {layer}: the decoder has {n_layers} layers (0..{n_layers - 1}, or -1 for the last)")
+        layers = f"{n_layers} layer{'s' * (n_layers != 1)}"
+        raise UserError(f"--layer {layer}: the {stack} has {layers} (0..{n_layers - 1}, or -1 for the last)")
     if head is not None and not 0 <= head < n_heads:
         raise UserError(f"--head {head}: the model has {n_heads} heads (0..{n_heads - 1})")
     if not sentence.strip():
@@ -411,9 +421,14 @@ def plot_attention(
     src = pad_batch([encode_sources(tokenizer, [sentence], model.cfg.max_positions - 1)[0]], device)  # (1, S)
     search = {k: v for k, v in options.items() if k != "batch_tokens"}
     tokens = beam_search([model], src, **search)[0][0].tokens
-    weights, src_pieces, tgt_pieces = cross_attention(model, tokenizer, sentence.strip(), tokens, layer, head)
-    which = f"layer {layer}, " + ("mean of heads" if head is None else f"head {head}")
-    fig = attention_figure(weights, src_pieces, tgt_pieces, title=f"cross-attention, {which}")
-    fig.savefig(output, dpi=150)
-    plt.close(fig)
+    weights, cols, rows = attention_maps(model, tokenizer, sentence.strip(), tokens, kind, layer)  # (H, R, C)
+    name = "cross-attention" if kind == "cross" else f"{kind} self-attention"
+    xlabel, ylabel = AXES[kind]
+    if all_heads:
+        fig = heads_figure(weights, cols, rows, f"{name}, layer {layer % n_layers}", xlabel, ylabel)
+    else:
+        which = f"layer {layer % n_layers}, " + ("mean of heads" if head is None else f"head {head}")
+        w = weights.mean(0) if head is None else weights[head]
+        fig = attention_figure(w, cols, rows, title=f"{name}, {which}", xlabel=xlabel, ylabel=ylabel)
+    save_figure(fig, output)
     return tokenizer.decode([tokens])[0]
