@@ -1,17 +1,32 @@
+import json
+import logging
+import os
+import signal
+
 import numpy as np
 import pytest
+from conftest import tiny_config
 
+from translate import data
+from translate.batching import batch_starts, length_order, padding_fraction, shard_batches, token_batches
+from translate.config import load_config
 from translate.data import (
+    NpyWriter,
+    SeenHashes,
     SplitData,
     TokenData,
+    TokenWriter,
     clean_text_pairs,
     collate,
     keep_lengths,
-    shard_batches,
-    token_batches,
+    length_filter,
+    prepare,
     write_token_data,
 )
+from translate.errors import UserError
 from translate.model import BOS, EOS, PAD
+
+# ---------------------------------------------------------------------------- cleaning
 
 
 def test_cleaning_counts():
@@ -22,10 +37,54 @@ def test_cleaning_counts():
     assert counts == {"read": 5, "empty": 2, "duplicate": 1}
 
 
+def test_dedupe_across_chunks_keeps_first_occurrences_in_order(monkeypatch):
+    monkeypatch.setattr(data, "CLEAN_CHUNK", 7)
+    rng = np.random.default_rng(0)
+    pairs = [(f"s{i}", f"t{i % 5}") for i in rng.integers(0, 40, 300)]  # many repeats, far apart
+    counts = {"read": 0, "empty": 0, "duplicate": 0}
+    out = list(clean_text_pairs(pairs, "train", counts))
+    assert out == list(dict.fromkeys(pairs))
+    assert counts["duplicate"] == len(pairs) - len(out)
+
+
+def test_cleaning_limit_reads_no_further_than_needed(monkeypatch):
+    monkeypatch.setattr(data, "CLEAN_CHUNK", 4)
+    pairs = [("a", "x"), ("a", "x"), ("", "y"), ("b", "y")] + [(f"s{i}", "t") for i in range(20)]
+    source = iter(pairs)
+    counts = {"read": 0, "empty": 0, "duplicate": 0}
+    out = list(clean_text_pairs(source, "train", counts, limit=6))
+    assert out == [("a", "x"), ("b", "y")] + [(f"s{i}", "t") for i in range(4)]
+    assert counts == {"read": 8, "empty": 1, "duplicate": 1}
+    assert next(source) == ("s4", "t")  # nothing read past the sixth kept pair
+
+
+def test_seen_hashes_is_a_set():
+    rng = np.random.default_rng(1)
+    seen, reference = SeenHashes(), set()
+    for size in [5, 50, 3, 200, 1, 0, 80] * 4:
+        keys = rng.integers(0, 400, size).astype(np.uint64)  # repeats within and across calls
+        new = seen.add(keys)
+        expected = []
+        for k in keys.tolist():
+            expected.append(k not in reference)
+            reference.add(k)
+        assert new.tolist() == expected
+    assert len(seen) == len(reference)
+    assert len(seen.levels) <= 2 + np.log2(len(reference))  # levels stay logarithmic
+
+
 def test_length_filters():
     assert keep_lengths(10, 12, 128, 3.0) is None
     assert keep_lengths(129, 12, 128, 3.0) == "too_long"
     assert keep_lengths(40, 10, 128, 3.0) == "bad_ratio"
+    src, tgt = random_lengths(500)
+    masks = length_filter(src, tgt, 50, 1.3)
+    for i in range(len(src)):
+        why = keep_lengths(int(src[i]), int(tgt[i]), 50, 1.3)
+        assert [k for k, m in masks.items() if m[i]] == ([why] if why else [])
+
+
+# ---------------------------------------------------------------------------- batching
 
 
 def random_lengths(n=2000, seed=0):
@@ -37,11 +96,12 @@ def random_lengths(n=2000, seed=0):
 
 def test_batches_respect_budget_and_cover_everything_once():
     src, tgt = random_lengths()
+    src[:3] = [1500, 2, 1001]  # longer than the budget: alone in their batches
     batches = token_batches(src, tgt, 1000, seed=3, epoch=0)
     seen = np.concatenate(batches)
     assert sorted(seen.tolist()) == list(range(len(src)))
     for b in batches:
-        assert len(b) * max(src[b].max(), tgt[b].max()) <= 1000
+        assert len(b) == 1 or len(b) * max(src[b].max(), tgt[b].max()) <= 1000
 
 
 def test_batches_are_deterministic_per_seed_and_epoch():
@@ -59,12 +119,50 @@ def test_long_sentence_gets_its_own_batch():
     assert [sorted(b.tolist()) for b in batches] == [[0, 1], [2]]
 
 
+@pytest.mark.parametrize("longest", [100, 3000])  # one 16-bit key, or one per length
+def test_length_order_sorts_by_longer_side_then_difference(longest):
+    rng = np.random.default_rng(longest)
+    src, tgt = rng.integers(1, longest, 3000), rng.integers(1, longest, 3000)
+    order = length_order(src, tgt, np.random.default_rng(0))
+    assert sorted(order.tolist()) == list(range(3000))
+    keys = list(zip(np.maximum(src, tgt)[order].tolist(), (src - tgt)[order].tolist()))
+    assert keys == sorted(keys)
+
+
+def greedy_starts(cost, max_tokens):
+    """The packing one sentence at a time, as the vectorised `batch_starts` must reproduce it."""
+    starts, longest = [0], 0
+    for i, c in enumerate(cost.tolist()):
+        if i > starts[-1] and max(longest, c) * (i - starts[-1] + 1) > max_tokens:
+            starts.append(i)
+            longest = 0
+        longest = max(longest, c)
+    return starts
+
+
+@pytest.mark.parametrize("max_tokens", [1, 7, 64, 1000])
+def test_vectorised_packing_equals_sentence_by_sentence_greedy(max_tokens):
+    rng = np.random.default_rng(max_tokens)
+    cost = np.sort(np.concatenate([rng.integers(1, 40, 500), rng.integers(900, 1100, 5)]))
+    assert batch_starts(cost, max_tokens).tolist() == greedy_starts(cost, max_tokens)
+
+
+def test_sorting_by_the_longer_side_keeps_padding_low():
+    src, tgt = random_lengths(5000)
+    batches = token_batches(src, tgt, 4096, seed=1)
+    unsorted = np.array_split(np.random.default_rng(0).permutation(len(src)), len(batches))
+    assert padding_fraction(batches, src, tgt) < padding_fraction(unsorted, src, tgt) / 3
+
+
 def test_shards_are_disjoint_and_equal():
     batches = [np.array([i]) for i in range(11)]
     shards = [shard_batches(batches, r, 3) for r in range(3)]
     assert {len(s) for s in shards} == {3}
     flat = [int(b[0]) for s in shards for b in s]
     assert len(set(flat)) == 9
+
+
+# ---------------------------------------------------------------------------- token arrays
 
 
 def test_token_data_round_trip_and_collate(tmp_path):
@@ -82,8 +180,87 @@ def test_token_data_round_trip_and_collate(tmp_path):
     assert batch.ntokens == 3 + 5
 
 
+def test_writers_append_chunks_to_one_array(tmp_path):
+    writer = TokenWriter(tmp_path / "x", 1000)
+    writer.append(np.array([1, 2, 3]), np.array([2, 1]))
+    writer.append(np.zeros(0), np.zeros(0))
+    writer.append(np.array([4, 5, 6, 7]), np.array([1, 0, 3]))
+    writer.close()
+    tokens = TokenData(tmp_path / "x")
+    assert [tokens[i].tolist() for i in range(len(tokens))] == [[1, 2], [3], [4], [], [5, 6, 7]]
+    empty = NpyWriter(tmp_path / "empty.npy", np.int64)
+    empty.close()
+    assert np.load(tmp_path / "empty.npy").shape == (0,)
+
+
 @pytest.mark.parametrize("vocab, dtype", [(8000, np.uint16), (70000, np.int32)])
 def test_token_dtype_fits_vocab(tmp_path, vocab, dtype):
     write_token_data(tmp_path / "x", [[vocab - 1]], vocab)
     data = TokenData(tmp_path / "x")
     assert data.tokens.dtype == dtype and int(data[0][0]) == vocab - 1
+
+
+# ---------------------------------------------------------------------------- prepare
+
+
+def prepared_arrays(run):
+    names = [f"{s}.{side}" for s in ("train", "valid", "test") for side in ("src", "tgt")]
+    return {n: np.load(run / "data" / n) for name in names for n in (f"{name}.npy", f"{name}.offsets.npy")}
+
+
+def test_workers_write_the_same_ids_as_one_process(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "ENCODE_CHUNK", 37)  # many chunks, to check that workers keep their order
+    runs = {}
+    for workers in (0, 2):
+        cfg = load_config(tiny_config(tmp_path, name=f"w{workers}"), [f"data.num_workers={workers}"])
+        prepare(cfg)
+        runs[workers] = prepared_arrays(cfg.run_path)
+    assert runs[0].keys() == runs[2].keys()
+    for name, array in runs[0].items():
+        assert array.dtype == runs[2][name].dtype and np.array_equal(array, runs[2][name]), name
+    assert len(runs[0]["train.src.offsets.npy"]) == 401
+
+
+def test_prepare_reuses_unchanged_config_and_rebuilds_changed_one(tmp_path, caplog):
+    config = tiny_config(tmp_path)
+    cfg = load_config(config, ["data.num_workers=0"])
+    caplog.set_level(logging.INFO, logger="translate")
+    prepare(cfg)
+    meta = cfg.run_path / "data" / "meta.json"
+    stamp = {p.name: p.stat().st_mtime_ns for p in [meta, *(cfg.run_path / "data").glob("*.npy")]}
+    caplog.clear()
+    prepare(load_config(config, ["data.num_workers=2"]))  # the worker count does not change the data
+    assert "nothing to do" in caplog.text
+    assert stamp == {p.name: p.stat().st_mtime_ns for p in [meta, *(cfg.run_path / "data").glob("*.npy")]}
+    caplog.clear()
+    before = json.loads(meta.read_text())
+    prepare(load_config(config, ["vocab.size=200"]))
+    after = json.loads(meta.read_text())
+    assert "nothing to do" not in caplog.text
+    assert after["fingerprint"] != before["fingerprint"] and after["vocab_size"] == 200
+
+
+def test_a_worker_that_dies_is_a_clear_error_not_a_hang(tmp_path, monkeypatch):
+    cfg = load_config(tiny_config(tmp_path), ["data.num_workers=2"])
+    encode = data.encode_pairs
+
+    def dies_after_train(sp, pairs, dtype, limits):
+        if limits is None:  # valid or test: encoded after train, without length limits
+            os.kill(os.getpid(), signal.SIGKILL)
+        return encode(sp, pairs, dtype, limits)
+
+    monkeypatch.setattr(data, "encode_pairs", dies_after_train)
+    with pytest.raises(UserError, match="encoding worker process died.*data.num_workers=2"):
+        prepare(cfg)
+    assert not (cfg.run_path / "data" / "meta.json").exists()
+
+
+def test_missing_valid_and_test_are_held_out_of_train(tmp_path):
+    overrides = ["data.valid=null", "data.test=null", "data.valid_size=20", "data.test_size=30", "data.num_workers=0"]
+    cfg = load_config(tiny_config(tmp_path), overrides)
+    prepare(cfg)
+    lines = {s: (cfg.run_path / "data" / f"{s}.en").read_text().splitlines() for s in ("train", "valid", "test")}
+    assert [len(lines[s]) for s in ("train", "valid", "test")] == [350, 20, 30]
+    meta = json.loads((cfg.run_path / "data" / "meta.json").read_text())
+    assert meta["splits"]["valid"]["pairs"] == 20 and meta["splits"]["test"]["pairs"] == 30
+    assert set(lines["train"]).isdisjoint(lines["valid"] + lines["test"])

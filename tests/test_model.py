@@ -126,3 +126,20 @@ def test_tied_embeddings_share_weights():
     assert tied.output.weight is tied.embed.weight and tied.tgt_embed is tied.embed
     assert untied.output.weight is not untied.embed.weight
     assert sum(p.numel() for p in tied.parameters()) < sum(p.numel() for p in untied.parameters())
+
+
+def test_dropout_keeps_the_expectation_and_is_seeded():
+    from translate.model import Dropout
+
+    drop = Dropout(0.1).train()
+    x = torch.ones(200_000, requires_grad=True)
+    torch.manual_seed(3)
+    y = drop(x)
+    kept = (y > 0).float().mean().item()
+    assert abs(kept - (1 - 26 / 256)) < 0.005  # p rounds to 26/256
+    assert abs(y.mean().item() - 1.0) < 0.01
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, y.detach())  # d(x * mask * scale)/dx = mask * scale
+    torch.manual_seed(3)
+    assert torch.equal(drop(x), y)
+    assert torch.equal(drop.eval()(x), x) and torch.equal(Dropout(0.0).train()(x), x)

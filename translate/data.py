@@ -1,6 +1,7 @@
 """From raw pairs to training batches: clean, split, learn the vocabulary, encode once, batch.
 
-`prepare(cfg)` writes the run's data dir:
+`prepare(cfg)` writes the run's data dir in a few streaming passes, in memory that does not
+grow with the corpus (8 bytes a pair for the dedupe hashes; see data/README.md):
 
     RUN/data/{train,valid,test}.{src_lang,tgt_lang}   cleaned text, one sentence per line
     RUN/data/{split}.{src,tgt}.npy                   all piece ids of a split, concatenated
@@ -9,24 +10,33 @@
     RUN/spm.model                                    the joint SentencePiece vocabulary
 
 Training reads the ids through memory maps (`TokenData`) and never touches raw text.
-`token_batches` groups sentences of similar length into batches of at most `max_tokens`
-tokens including padding; `collate` pads them into tensors.
+`token_batches` (translate/batching.py) groups sentences of similar length into batches of at
+most `max_tokens` tokens including padding, from the lengths alone; `collate` pads them into tensors.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
+import multiprocessing
+import os
 import random
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Generator, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import sentencepiece as spm
 import torch
 from tqdm import tqdm
 
+from translate.batching import token_batches  # noqa: F401 (the training loop imports it from here)
 from translate.config import Config, config_to_dict
 from translate.errors import UserError
 from translate.model import BOS, EOS, PAD
@@ -35,7 +45,8 @@ from translate.tokenizer import Tokenizer
 
 log = logging.getLogger("translate")
 SPLITS = ("train", "valid", "test")
-ENCODE_CHUNK = 10_000
+CLEAN_CHUNK = 50_000  # pairs hashed and deduplicated at a time
+ENCODE_CHUNK = 10_000  # pairs sent to an encoding worker at a time
 
 
 # ---------------------------------------------------------------------------- cleaning
@@ -46,24 +57,78 @@ def normalize(text: str) -> str:
     return " ".join(text.split())
 
 
-def clean_text_pairs(pairs: Iterable[tuple[str, str]], split: str, counts: dict[str, int]) -> Iterator[tuple[str, str]]:
-    """Normalise whitespace, drop pairs with an empty side, drop exact duplicates within the split.
+class SeenHashes:
+    """A set of 64-bit hashes held in a few sorted numpy arrays: 8 bytes a hash, no Python objects.
 
-    Duplicates are found by a hash of the pair, so memory grows by 8 bytes a pair, not by the text.
+    Each `add` appends its new hashes as the smallest array and merges neighbours of similar
+    size (the levels of an LSM tree), so there are O(log n) arrays, a lookup is a binary search
+    in each, and a hash is copied O(log n) times in all.
     """
-    seen: set[int] = set()
+
+    def __init__(self) -> None:
+        self.levels: list[np.ndarray] = []  # sorted uint64 arrays, largest first
+
+    def __len__(self) -> int:
+        return sum(len(level) for level in self.levels)
+
+    def add(self, keys: np.ndarray) -> np.ndarray:
+        """Add (n,) uint64 keys; return the (n,) mask of those not seen before (first occurrence)."""
+        unique, first = np.unique(keys, return_index=True)
+        fresh = np.ones(len(unique), dtype=bool)
+        for level in self.levels:
+            found = level[np.searchsorted(level, unique).clip(max=len(level) - 1)]
+            fresh &= found != unique
+        mask = np.zeros(len(keys), dtype=bool)
+        mask[first[fresh]] = True
+        if fresh.any():
+            self.levels.append(unique[fresh])
+        while len(self.levels) > 1 and len(self.levels[-2]) <= 2 * len(self.levels[-1]):
+            merged = np.concatenate([self.levels.pop(-2), self.levels.pop()])
+            merged.sort(kind="stable")  # timsort: a merge of two sorted runs, O(n)
+            self.levels.append(merged)
+        return mask
+
+
+def pair_hashes(pairs: list[tuple[str, str]]) -> np.ndarray:
+    """(n,) uint64: an 8-byte blake2b hash of each pair."""
+    digests = (hashlib.blake2b(f"{s}\t{t}".encode(), digest_size=8).digest() for s, t in pairs)
+    return np.frombuffer(b"".join(digests), dtype=np.uint64)
+
+
+def clean_text_pairs(
+    pairs: Iterable[tuple[str, str]], split: str, counts: dict[str, int], limit: int | None = None
+) -> Iterator[tuple[str, str]]:
+    """Normalise whitespace, drop pairs with an empty side, drop exact duplicates within the split;
+    stop after `limit` kept pairs, having read no further than needed.
+
+    Duplicates are found by a hash of the pair, a chunk of pairs at a time, so memory grows by
+    8 bytes a pair (`SeenHashes`), not by the text. The first occurrence is kept, in order.
+    """
+    seen, chunk, kept = SeenHashes(), [], 0
+    want = CLEAN_CHUNK if limit is None else min(CLEAN_CHUNK, limit)
     for src, tgt in pairs:
         counts["read"] += 1
         src, tgt = normalize(src), normalize(tgt)
         if not src or not tgt:
             counts["empty"] += 1
             continue
-        key = int.from_bytes(hashlib.blake2b(f"{src}\t{tgt}".encode(), digest_size=8).digest(), "little")
-        if key in seen:
-            counts["duplicate"] += 1
-            continue
-        seen.add(key)
-        yield src, tgt
+        chunk.append((src, tgt))
+        if len(chunk) == want:
+            kept += yield from _unseen(chunk, seen, counts)
+            if limit is not None and kept == limit:
+                return
+            chunk, want = [], CLEAN_CHUNK if limit is None else min(CLEAN_CHUNK, limit - kept)
+    yield from _unseen(chunk, seen, counts)
+
+
+def _unseen(
+    chunk: list[tuple[str, str]], seen: SeenHashes, counts: dict[str, int]
+) -> Generator[tuple[str, str], None, int]:
+    """The pairs of `chunk` whose hash is not in `seen` (now added); returns how many."""
+    new = seen.add(pair_hashes(chunk))
+    counts["duplicate"] += len(chunk) - int(new.sum())
+    yield from itertools.compress(chunk, new.tolist())
+    return int(new.sum())
 
 
 def keep_lengths(src_len: int, tgt_len: int, max_len: int, max_ratio: float) -> str | None:
@@ -75,6 +140,13 @@ def keep_lengths(src_len: int, tgt_len: int, max_len: int, max_ratio: float) -> 
     return None
 
 
+def length_filter(src_lens: np.ndarray, tgt_lens: np.ndarray, max_len: int, max_ratio: float) -> dict[str, np.ndarray]:
+    """`keep_lengths` on (n,) arrays: the (n,) masks of the pairs dropped for each reason."""
+    too_long = (src_lens > max_len) | (tgt_lens > max_len)
+    bad_ratio = ~too_long & (np.maximum(src_lens, tgt_lens) > max_ratio * np.minimum(src_lens, tgt_lens))
+    return {"too_long": too_long, "bad_ratio": bad_ratio}
+
+
 # ---------------------------------------------------------------------------- token arrays
 
 
@@ -83,8 +155,8 @@ class TokenData:
 
     def __init__(self, prefix: Path) -> None:
         self.tokens = np.load(f"{prefix}.npy", mmap_mode="r")
-        self.offsets = np.load(f"{prefix}.offsets.npy")
-        self.lengths = np.diff(self.offsets)  # pieces per sentence, without BOS/EOS
+        self.offsets = np.load(f"{prefix}.offsets.npy", mmap_mode="r")
+        self.lengths = np.diff(self.offsets).astype(np.int32)  # pieces per sentence, without BOS/EOS
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -93,16 +165,57 @@ class TokenData:
         return self.tokens[self.offsets[i] : self.offsets[i + 1]]
 
 
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16 if vocab_size <= np.iinfo(np.uint16).max else np.int32)
+
+
+class NpyWriter:
+    """A 1-D .npy file written by appending chunks; the header gets the final length on `close`."""
+
+    def __init__(self, path: Path | str, dtype: np.dtype) -> None:
+        self.file, self.dtype, self.size = open(path, "wb"), np.dtype(dtype), 0
+        self._header()
+
+    def _header(self) -> None:
+        header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": (self.size,)}
+        np.lib.format.write_array_header_1_0(self.file, header)  # 128 bytes for any length below 10^60
+
+    def append(self, values: np.ndarray) -> None:
+        values = np.ascontiguousarray(values, dtype=self.dtype)
+        self.file.write(values.data)
+        self.size += len(values)
+
+    def close(self) -> None:
+        self.file.seek(0)
+        self._header()
+        self.file.close()
+
+
+class TokenWriter:
+    """Appends sentences to PREFIX.npy (ids) and PREFIX.offsets.npy, never holding more than a chunk."""
+
+    def __init__(self, prefix: Path | str, vocab_size: int) -> None:
+        self.tokens = NpyWriter(f"{prefix}.npy", token_dtype(vocab_size))
+        self.offsets = NpyWriter(f"{prefix}.offsets.npy", np.int64)
+        self.offsets.append(np.zeros(1))
+
+    def append(self, ids: np.ndarray, lengths: np.ndarray) -> None:
+        """`ids` (sum(lengths),): the pieces of len(lengths) sentences, concatenated."""
+        self.offsets.append(self.tokens.size + np.cumsum(lengths, dtype=np.int64))
+        self.tokens.append(ids)
+
+    def close(self) -> None:
+        self.tokens.close()
+        self.offsets.close()
+
+
 def write_token_data(prefix: Path, sequences: Iterable[list[int]], vocab_size: int) -> None:
-    dtype = np.uint16 if vocab_size <= np.iinfo(np.uint16).max else np.int32
-    offsets, chunks, total = [0], [], 0
-    for seq in sequences:
-        chunks.append(np.asarray(seq, dtype=dtype))
-        total += len(seq)
-        offsets.append(total)
-    tokens = np.concatenate(chunks) if chunks else np.zeros(0, dtype=dtype)
-    np.save(f"{prefix}.npy", tokens)
-    np.save(f"{prefix}.offsets.npy", np.asarray(offsets, dtype=np.int64))
+    """Write piece-id sequences as PREFIX.npy + PREFIX.offsets.npy, streaming a chunk at a time."""
+    writer, it = TokenWriter(prefix, vocab_size), iter(sequences)
+    while chunk := list(itertools.islice(it, ENCODE_CHUNK)):
+        lengths = np.fromiter(map(len, chunk), np.int64, len(chunk))
+        writer.append(np.fromiter(itertools.chain.from_iterable(chunk), np.int64, int(lengths.sum())), lengths)
+    writer.close()
 
 
 @dataclass
@@ -126,43 +239,7 @@ def load_split(data_dir: Path, split: str) -> SplitData:
     return SplitData(TokenData(data_dir / f"{split}.src"), TokenData(data_dir / f"{split}.tgt"))
 
 
-# ---------------------------------------------------------------------------- batching
-
-
-def token_batches(
-    src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, seed: int = 0, epoch: int = 0, shuffle: bool = True
-) -> list[np.ndarray]:
-    """Group sentence indices into batches of at most `max_tokens` tokens, padding included.
-
-    A batch of n sentences costs n * max(longest source, longest target). Sentences are sorted
-    by length (ties broken at random from (seed, epoch)) so that a batch holds similar lengths,
-    then the batches are shuffled. A sentence longer than `max_tokens` alone gets its own batch.
-    """
-    n = len(src_lens)
-    rng = np.random.default_rng([seed, epoch])
-    noise = rng.random(n) if shuffle else np.arange(n)
-    order = np.lexsort((noise, tgt_lens, src_lens))
-    batches: list[np.ndarray] = []
-    start, longest = 0, 0
-    cost = np.maximum(src_lens, tgt_lens)[order]
-    for i in range(n):
-        longest_i = max(longest, int(cost[i]))
-        if i > start and longest_i * (i - start + 1) > max_tokens:
-            batches.append(order[start:i])
-            start, longest_i = i, int(cost[i])
-        longest = longest_i
-    if start < n:
-        batches.append(order[start:n])
-    if shuffle:
-        perm = rng.permutation(len(batches))
-        batches = [batches[j] for j in perm]
-    return batches
-
-
-def shard_batches(batches: list[np.ndarray], rank: int, world_size: int) -> list[np.ndarray]:
-    """Each rank takes every world_size-th batch; the tail is cut so that all ranks have as many."""
-    usable = len(batches) - len(batches) % world_size
-    return batches[rank:usable:world_size]
+# ---------------------------------------------------------------------------- batches
 
 
 @dataclass
@@ -197,21 +274,13 @@ def collate(data: SplitData, indices: np.ndarray) -> Batch:
     return Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out), ntokens)
 
 
-def padding_fraction(batches: list[np.ndarray], src_lens: np.ndarray, tgt_lens: np.ndarray) -> float:
-    """Share of padding among all source + target positions of these batches."""
-    real = padded = 0
-    for b in batches:
-        real += int(src_lens[b].sum() + tgt_lens[b].sum())
-        padded += len(b) * int(src_lens[b].max() + tgt_lens[b].max())
-    return 1.0 - real / max(padded, 1)
-
-
 # ---------------------------------------------------------------------------- prepare
 
 
 def fingerprint(cfg: Config) -> str:
     """What the prepared data depends on: the data and vocab config (and the source files' sizes)."""
     raw = {"data": config_to_dict(cfg)["data"], "vocab": config_to_dict(cfg)["vocab"], "seed": cfg.seed}
+    raw["data"].pop("num_workers", None)  # how many processes encode does not change the result
     for key in ("train", "valid", "test", "dataset", "bible_db"):
         value = raw["data"].get(key)
         if value:
@@ -225,12 +294,6 @@ def is_prepared(cfg: Config) -> bool:
     if not meta.is_file() or not (cfg.run_path / "spm.model").is_file():
         return False
     return json.loads(meta.read_text()).get("fingerprint") == fingerprint(cfg)
-
-
-def _write_lines(path: Path, lines: Iterable[str]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for line in lines:
-            f.write(line + "\n")
 
 
 def _read_pairs(data_dir: Path, split: str, cfg: Config) -> Iterator[tuple[str, str]]:
@@ -251,9 +314,7 @@ def _clean_splits(cfg: Config, data_dir: Path) -> dict[str, int]:
         if pairs is None:
             continue
         counts = {"read": 0, "empty": 0, "duplicate": 0}
-        cleaned = clean_text_pairs(pairs, split, counts)
-        if split == "train" and cfg.data.max_train_pairs:
-            cleaned = (p for p, _ in zip(cleaned, range(cfg.data.max_train_pairs)))
+        cleaned = clean_text_pairs(pairs, split, counts, cfg.data.max_train_pairs if split == "train" else None)
         n = 0
         with (
             open(data_dir / f"{split}.{cfg.data.src_lang}", "w", encoding="utf-8") as fs,
@@ -299,7 +360,8 @@ def _hold_out(cfg: Config, data_dir: Path, n_train: int, missing: list[str]) -> 
         start += want[split]
     src, tgt = cfg.data.src_lang, cfg.data.tgt_lang
     outs = {
-        s: (open(data_dir / f"{s}.{src}.tmp", "w"), open(data_dir / f"{s}.{tgt}.tmp", "w")) for s in ["train", *missing]
+        s: [open(data_dir / f"{s}.{lang}.tmp", "w", encoding="utf-8") for lang in (src, tgt)]
+        for s in ["train", *missing]
     }
     for i, (s_text, t_text) in enumerate(_read_pairs(data_dir, "train", cfg)):
         fs, ft = outs[assign.get(i, "train")]
@@ -315,48 +377,108 @@ def _hold_out(cfg: Config, data_dir: Path, n_train: int, missing: list[str]) -> 
 
 
 def _sample_sentences(cfg: Config, data_dir: Path, n_train: int) -> list[str]:
-    """A reproducible random sample of at most vocab.sample_size train sentences, both sides."""
-    per_side = cfg.vocab.sample_size // 2
-    rng = random.Random(cfg.seed)
-    chosen = set(rng.sample(range(n_train), per_side)) if n_train > per_side else None
-    sample = []
-    for i, (s, t) in enumerate(_read_pairs(data_dir, "train", cfg)):
-        if chosen is None or i in chosen:
-            sample += [s, t]
-    return sample
+    """A reproducible random sample of at most vocab.sample_size train sentences: both sides of
+    sample_size / 2 pairs. Read into a list before SentencePiece starts, so that the text read
+    and dropped meanwhile does not fragment the memory SentencePiece allocates."""
+    per_side = min(max(cfg.vocab.sample_size // 2, 1), n_train)
+    chosen = set(np.random.default_rng(cfg.seed).choice(n_train, per_side, replace=False).tolist())
+    return [side for i, pair in enumerate(_read_pairs(data_dir, "train", cfg)) if i in chosen for side in pair]
 
 
-def _encode_split(cfg: Config, tok: Tokenizer, data_dir: Path, split: str) -> dict[str, int]:
-    """Encode a split to id arrays; for train, drop pairs that are too long or too unbalanced."""
-    dropped = {"too_long": 0, "bad_ratio": 0}
-    src_seqs: list[list[int]] = []
-    tgt_seqs: list[list[int]] = []
+# ---------------------------------------------------------------------------- encoding
+
+
+def encode_pairs(
+    sp: spm.SentencePieceProcessor, pairs: list[tuple[str, str]], dtype: np.dtype, limits: tuple[int, float] | None
+) -> tuple[list[np.ndarray], dict[str, int]]:
+    """Encode a chunk of pairs: [src ids, src lengths, tgt ids, tgt lengths] of the kept pairs
+    (ids concatenated, without BOS/EOS) and the counts of pairs dropped by the (max_len, max_ratio)
+    `limits`, if given."""
+    arrays, lengths = [], []
+    for side in (0, 1):
+        ids = sp.encode([p[side] for p in pairs], out_type=int, num_threads=1)
+        lens = np.fromiter(map(len, ids), np.int64, len(ids))
+        arrays.append(np.fromiter(itertools.chain.from_iterable(ids), dtype, int(lens.sum())))
+        lengths.append(lens)
+    keep, dropped = np.ones(len(pairs), dtype=bool), {}
+    if limits:  # lengths as the model sees them: + EOS (source) and + BOS/EOS (target)
+        for why, mask in length_filter(lengths[0] + 1, lengths[1] + 1, *limits).items():
+            dropped[why] = int(mask.sum())
+            keep &= ~mask
+    out = []
+    for ids, lens in zip(arrays, lengths):
+        out += [ids[np.repeat(keep, lens)], lens[keep]]
+    return out, dropped
+
+
+_worker_sp: spm.SentencePieceProcessor | None = None
+
+
+def _start_worker(model_bytes: bytes) -> None:
+    global _worker_sp
+    _worker_sp = spm.SentencePieceProcessor(model_proto=model_bytes)
+
+
+def _encode_in_worker(*args: Any) -> tuple[list[np.ndarray], dict[str, int]]:
+    return encode_pairs(_worker_sp, *args)
+
+
+def _encoded_chunks(tasks: Iterable[tuple[Any, ...]], tok: Tokenizer, workers: int) -> Iterator[Any]:
+    """`encode_pairs` over the tasks, in order, by `workers` processes (0: in this one), reading at
+    most 2 * workers tasks ahead of the results (Pool.imap would read all of them into memory)."""
+    if not workers:
+        yield from (encode_pairs(tok.sp, *task) for task in tasks)
+        return
+    # fork: a worker starts in milliseconds and shares the parent's memory until it writes to it
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    with ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_start_worker, initargs=(tok.model_bytes,)
+    ) as pool:
+        pending: deque[Future] = deque()
+        try:
+            for task in itertools.chain(tasks, [None]):  # None: no more tasks, collect the rest
+                if task is not None:
+                    pending.append(pool.submit(_encode_in_worker, *task))
+                while pending and (len(pending) > 2 * workers or task is None):
+                    yield pending.popleft().result()
+        except BrokenProcessPool:
+            raise UserError(
+                f"an encoding worker process died (killed for lack of memory?): lower data.num_workers={workers}"
+            ) from None
+
+
+def _encode_split(cfg: Config, tok: Tokenizer, data_dir: Path, split: str, n: int, workers: int) -> dict[str, int]:
+    """Encode a split to id arrays on disk; for train, drop pairs that are too long or too unbalanced."""
+    limits = (cfg.data.max_len, cfg.data.max_ratio) if split == "train" else None
     pairs = _read_pairs(data_dir, split, cfg)
-    while chunk := [p for _, p in zip(range(ENCODE_CHUNK), pairs)]:
-        src_ids = tok.encode([s for s, _ in chunk])
-        tgt_ids = tok.encode([t for _, t in chunk])
-        for s, t in zip(src_ids, tgt_ids):
-            if split == "train":
-                why = keep_lengths(len(s) + 1, len(t) + 1, cfg.data.max_len, cfg.data.max_ratio)
-                if why:
-                    dropped[why] += 1
-                    continue
-            src_seqs.append(s)
-            tgt_seqs.append(t)
+    chunks = iter(lambda: list(itertools.islice(pairs, ENCODE_CHUNK)), [])
+    results = _encoded_chunks(((chunk, token_dtype(tok.vocab_size), limits) for chunk in chunks), tok, workers)
+    writers = [TokenWriter(data_dir / f"{split}.{side}", tok.vocab_size) for side in ("src", "tgt")]
+    stats = {"pairs": 0, "src_tokens": 0, "tgt_tokens": 0, "too_long": 0, "bad_ratio": 0}
+    with tqdm(total=n, desc=f"encode {split}", unit=" pairs", leave=False, mininterval=1, disable=None) as bar:
+        for (src, src_lens, tgt, tgt_lens), dropped in results:
+            writers[0].append(src, src_lens)
+            writers[1].append(tgt, tgt_lens)
+            stats["pairs"] += len(src_lens)
+            stats["src_tokens"] += len(src)
+            stats["tgt_tokens"] += len(tgt)
+            for why, count in dropped.items():
+                stats[why] += count
+            bar.update(len(src_lens) + sum(dropped.values()))
+    for writer in writers:
+        writer.close()
     if split == "train":
         log.info(
-            f"train: dropped {dropped['too_long']:,} pairs longer than data.max_len={cfg.data.max_len} tokens and "
-            f"{dropped['bad_ratio']:,} with a length ratio above data.max_ratio={cfg.data.max_ratio}; "
-            f"{len(src_seqs):,} remain"
+            f"train: dropped {stats['too_long']:,} pairs longer than data.max_len={cfg.data.max_len} tokens and "
+            f"{stats['bad_ratio']:,} with a length ratio above data.max_ratio={cfg.data.max_ratio}; "
+            f"{stats['pairs']:,} remain"
         )
-        if not src_seqs:
+        if not stats["pairs"]:
             raise UserError(
                 f"no train pair is left after the length filters (data.max_len={cfg.data.max_len}, "
                 f"data.max_ratio={cfg.data.max_ratio}): raise them"
             )
-    write_token_data(data_dir / f"{split}.src", src_seqs, tok.vocab_size)
-    write_token_data(data_dir / f"{split}.tgt", tgt_seqs, tok.vocab_size)
-    return {"pairs": len(src_seqs), "src_tokens": sum(map(len, src_seqs)), "tgt_tokens": sum(map(len, tgt_seqs))}
+    return {k: stats[k] for k in ("pairs", "src_tokens", "tgt_tokens")}
 
 
 def prepare(cfg: Config, force: bool = False) -> Path:
@@ -374,7 +496,9 @@ def prepare(cfg: Config, force: bool = False) -> Path:
     tok = Tokenizer.train(sample, cfg.vocab.size, cfg.vocab.model_type, cfg.vocab.character_coverage, cfg.seed)
     del sample
     tok.save(run / "spm.model")
-    stats = {split: _encode_split(cfg, tok, data_dir, split) for split in SPLITS}
+    workers = min(os.cpu_count() or 1, 8) if cfg.data.num_workers is None else cfg.data.num_workers
+    log.info(f"encoding with {workers or 'no'} worker processes")
+    stats = {split: _encode_split(cfg, tok, data_dir, split, sizes[split], workers) for split in SPLITS}
     meta = {"fingerprint": fingerprint(cfg), "vocab_size": tok.vocab_size, "splits": stats}
     meta_path.write_text(json.dumps(meta, indent=2))
     for split, s in stats.items():
