@@ -343,3 +343,55 @@ def test_ensemble_of_different_models_runs(model, src):
 def test_nbest_larger_than_beam_is_an_error(model, src):
     with pytest.raises(ValueError):
         beam_search([model], src, 2, 0.6, 1.0, 5, nbest=3)
+
+
+# ---------------------------------------------------------------------------- the decoder state
+
+
+def test_beams_share_the_source_keys_values(model):
+    """k beams reading their sentence's one copy of the cross-attention keys/values give the same
+    logits as k sentences each holding its own copy, and leaving sentences drop theirs."""
+    src = make_src([3, 6])
+    rows = torch.tensor([0, 0, 0, 1, 1, 1])  # 3 beams per sentence
+    tokens = torch.randint(4, VOCAB, (4, 6))
+    with torch.inference_mode():
+        shared = model.init_state(*model.encode(src))
+        shared = model.reorder_state(shared, rows, keep=torch.arange(2))
+        copied = model.init_state(*model.encode(src[rows]))
+        for t in range(3):
+            torch.testing.assert_close(
+                model.decode_step(tokens[t], shared), model.decode_step(tokens[t], copied), atol=1e-5, rtol=1e-5
+            )
+        assert shared.caches[0].mk.size(0) == 2 and copied.caches[0].mk.size(0) == 6
+        beams = torch.tensor([4, 3, 3])  # sentence 0 leaves; sentence 1's beams reorder
+        same = model.reorder_state(shared, torch.tensor([0, 0, 0, 1, 1, 1]), keep=torch.arange(2))
+        assert same.caches[0].mk is shared.caches[0].mk  # nobody left: nothing copied
+        shared = model.reorder_state(shared, beams, keep=torch.tensor([1]))
+        copied = model.reorder_state(copied, beams)
+        assert shared.src_mask.size(0) == 1 and shared.caches[0].mk.size(0) == 1
+        torch.testing.assert_close(
+            model.decode_step(tokens[3, :3], shared), model.decode_step(tokens[3, :3], copied), atol=1e-5, rtol=1e-5
+        )
+
+
+def test_decoding_past_the_position_table(src):
+    """Outputs longer than max_positions: positions are computed on the fly under inference mode,
+    the cached search still equals recomputation, and the model still trains afterwards."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_heads=2, d_ff=64, encoder_layers=1, decoder_layers=1, dropout=0.0, max_positions=16)
+    model = Transformer(cfg, VOCAB).eval()
+    model.output.bias = torch.nn.Parameter(torch.zeros(VOCAB).index_fill(0, torch.tensor([EOS]), -1e4))
+    cached = greedy_search([model], src[:2], 0.0, 40)
+    assert [len(h.tokens) for h in cached] == [40, 40]
+    tol = 1e-4  # sums of 40 float32 log-probs near -60
+    assert_same(cached, greedy_search([model], src[:2], 0.0, 40, use_cache=False), tol)
+    for a, b in zip(
+        beam_search([model], src[:2], 2, 0.6, 0.0, 40),
+        beam_search([model], src[:2], 2, 0.6, 0.0, 40, use_cache=False),
+        strict=True,
+    ):
+        assert_same(a, b, tol)
+    assert model.pe.size(0) == 16 and not model.pe.is_inference()
+    model.train()
+    model(src[:2], torch.randint(4, VOCAB, (2, 30))).sum().backward()  # training after decoding still works
+    assert model.output.weight.grad is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import random
 import threading
@@ -15,7 +16,9 @@ from translate.errors import UserError
 from translate.model import Transformer
 from translate.tokenizer import Tokenizer
 from translate.translator import (
+    check_precision,
     decode_file,
+    for_inference,
     load_models,
     plot_attention,
     read_lines,
@@ -297,3 +300,40 @@ def test_plot_attention(checkpoint, tmp_path):
     assert isinstance(text, str) and out.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(UserError, match="layer"):
         plot_attention(checkpoint, "the cat", out, layer=5)
+
+
+# ---------------------------------------------------------------------------- precision
+
+
+def test_int8_quantized_model_decodes(checkpoint, tmp_path):
+    (quantized,), _, _ = load_models([checkpoint], "cpu", quantize="int8")
+    linear = quantized.decoder[0].self_attn.W_q
+    assert not isinstance(linear, torch.nn.Linear) and "quantized" in type(linear).__module__
+    assert "quantized" in type(quantized.output).__module__  # the tied output projection too
+    src, out = tmp_path / "in.en", tmp_path / "out.fr"
+    src.write_text("the cat sees a bird\n\ndog\nthe old stone\n", encoding="utf-8")
+    assert decode_file([checkpoint], src, out, nbest=2, device="cpu", quantize="int8") == 4
+    lines = out.read_text(encoding="utf-8").split("\n")
+    assert len(lines) == 9 and lines[2] == lines[3] == "" and lines[0]
+
+
+def test_precision_options_follow_the_device(model, tokenizer):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    check_precision(cpu)
+    check_precision(cpu, "fp32", "int8")
+    check_precision(cuda, "bf16")
+    check_precision(cuda, "fp16")
+    for device, dtype, quantize, message in [
+        (cpu, "bf16", None, "for CUDA"),
+        (cpu, "fp16", None, "for CUDA"),
+        (cuda, "fp32", "int8", "for CPU"),
+        (cpu, "float8", None, "--dtype must be"),
+        (cpu, "fp32", "int4", "--quantize must be"),
+    ]:
+        with pytest.raises(UserError, match=message):
+            check_precision(device, dtype, quantize)
+    assert next(for_inference(model).parameters()).dtype == torch.float32
+    half = for_inference(copy.deepcopy(model), "bf16")
+    assert next(half.parameters()).dtype == torch.bfloat16
+    out = translate(half, tokenizer, LINES[:2], nbest=2)  # the search runs in half precision (here on CPU)
+    assert len(out) == 2 and all(len(hyps) == 2 and isinstance(hyps[0][1], float) for hyps in out)

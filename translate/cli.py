@@ -10,7 +10,7 @@ from typing import Annotated, Literal, Optional
 
 import typer
 
-from translate.errors import UserError
+from translate.errors import UserError, check_output_path, os_error_line
 
 app = typer.Typer(
     add_completion=False,
@@ -38,6 +38,10 @@ BatchOpt = Annotated[
     Optional[int], typer.Option("--batch-tokens", help="Source tokens per batch. Default: decode.batch_tokens.")
 ]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp16 (half precision on CUDA only).")]
+QuantizeOpt = Annotated[
+    Optional[str], typer.Option("--quantize", help="int8: dynamic int8 quantization of the linear layers (CPU).")
+]
 
 
 class _TqdmHandler(logging.Handler):
@@ -66,7 +70,10 @@ def _load_cfg(config: Path, overrides: Optional[list[str]]):
 
 
 def _log_to_file(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create the run directory {path.parent} (run_dir/name): {e.strerror}") from None
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     handler.setLevel(logging.DEBUG)
@@ -126,13 +133,16 @@ def decode(
     max_len_a: Annotated[Optional[float], typer.Option(help="Max output length = a * source length + b.")] = None,
     max_len_b: Annotated[Optional[int], typer.Option(help="See --max-len-a.")] = None,
     device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "fp32",
+    quantize: QuantizeOpt = None,
 ) -> None:
     """Translate a text file (or stdin) with greedy (--beam 1) or beam search."""
     from translate.translator import decode_file
 
     decode_file(
         checkpoints, input, output, beam=beam, length_penalty=lenpen, nbest=nbest, with_scores=scores,
-        batch_tokens=batch_tokens, max_len_a=max_len_a, max_len_b=max_len_b, device=device,
+        batch_tokens=batch_tokens, max_len_a=max_len_a, max_len_b=max_len_b, device=device, dtype=dtype,
+        quantize=quantize,
     )  # fmt: skip
 
 
@@ -160,6 +170,8 @@ def evaluate(
         typer.Option("--hyp-b", help="A second system's output: scored too, side by side in --report."),
     ] = None,
     device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "fp32",
+    quantize: QuantizeOpt = None,
 ) -> None:
     """sacreBLEU BLEU and chrF (with signatures) of a checkpoint on --src/--ref, or of --hyp against --ref."""
     from translate.evaluate import format_scores, read_lines, score, write_json
@@ -168,6 +180,9 @@ def evaluate(
 
     if report:
         check_report_path(report, [ref, src, hyp, hyp_b, *(checkpoints or [])])
+    for option, path in (("--output", output), ("--json", json_out)):
+        if path is not None:
+            check_output_path(path, option, [ref, src, hyp, hyp_b, *(checkpoints or [])])
     references = read_lines(ref, "reference")
     sources = read_lines(src, "source") if src is not None else None
     if sources is not None and len(sources) != len(references):
@@ -179,6 +194,8 @@ def evaluate(
         if checkpoints:
             raise UserError("give either --hyp (score existing output) or a checkpoint with --src, not both")
         hypotheses = read_lines(hyp, "hypothesis")
+        if len(hypotheses) != len(references):
+            raise UserError(f"{hyp} has {len(hypotheses)} lines but {ref} has {len(references)}: they must match")
     else:
         if not checkpoints or sources is None:
             raise UserError("evaluate needs a checkpoint and --src, or --hyp (see translate evaluate --help)")
@@ -190,6 +207,8 @@ def evaluate(
             batch_tokens=batch_tokens,
             device=device,
             output=output,
+            dtype=dtype,
+            quantize=quantize,
         )
     scores = score(hypotheses, references)
     typer.echo(format_scores(scores))
@@ -223,6 +242,8 @@ def average(
     if last is not None:
         if run is None:
             raise UserError("--last N needs --run RUN_DIR/NAME")
+        if last < 2:
+            raise UserError(f"--last must be at least 2, got {last}")
         paths = step_checkpoints(run / "checkpoints")[-last:]
         if len(paths) < last:
             raise UserError(f"{run / 'checkpoints'} holds {len(paths)} step checkpoints, fewer than --last {last}")
@@ -307,15 +328,39 @@ def info(checkpoint: Checkpoint) -> None:
 
 
 def main() -> None:
+    """One `error: ...` line and exit 2 for a user mistake (a bad option, a full disk ...),
+    one line and exit 130 after Ctrl-C; real bugs keep their traceback (docs/errors.md)."""
+    try:
+        from typer._click import exceptions as click_errors  # recent typer carries its own copy of click
+    except ImportError:
+        from click import exceptions as click_errors
+
     _setup_logging()
     try:
-        app()
+        code = app(standalone_mode=False)  # typer returns 130 after Ctrl-C
+    except getattr(click_errors, "NoArgsIsHelpError", ()) as e:
+        e.show()
+        code = e.exit_code
+    except click_errors.ClickException as e:  # an unknown command, a missing or malformed option
+        see = f" (see {e.ctx.command_path} --help)" if getattr(e, "ctx", None) else ""
+        print(f"error: {' '.join(e.format_message().split())}{see}", file=sys.stderr)
+        code = e.exit_code
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        code = 1
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
+        code = e.exit_code
+    except OSError as e:  # the disk or the permissions, not the code: no traceback
+        if (line := os_error_line(e)) is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        code = UserError.exit_code
     except KeyboardInterrupt:
+        code = 130
+    if code == 130:
         print("interrupted", file=sys.stderr)
-        sys.exit(130)
+    sys.exit(code or 0)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,12 @@ log_prob / lp with the GNMT length penalty lp = ((5 + len) / 6) ** alpha, len co
 
 The pieces, each small and tested on its own: `Ensemble` (the models behind one step
 function), `gnmt_length_penalty`, `max_output_lengths`, `top_candidates` (top-n over beam x vocab
-per sentence), `split_candidates` (which finish, which go on), `Finished` (the k best finished
-hypotheses per sentence, as tensors), `open_bound` (the best score an open hypothesis can still
-reach), then the two loops `greedy_search` and `beam_search` (both under torch.inference_mode;
-beam_size 1 is greedy). An ensemble averages the models' probabilities at every step.
+per sentence, from each beam's own top-n), `split_candidates` (which finish, which go on),
+`Finished` (the k best finished hypotheses per sentence, as tensors), `open_bound` (the best
+score an open hypothesis can still reach), then the two loops `greedy_search` and `beam_search`
+(both under torch.inference_mode; beam_size 1 is greedy). An ensemble averages the models'
+probabilities at every step. Finished sentences leave the batch at once: their rows of the
+decoder state are dropped, so a long sentence does not slow the others down.
 """
 
 from __future__ import annotations
@@ -310,8 +312,8 @@ def beam_search_loop(
 ) -> list[list[Hypothesis]]:
     """The beam loop over N*k rows (a sentence's beams adjacent), any k >= 1.
 
-    The encoder and the cross-attention keys/values run once per sentence; the first step's
-    reorder copies them to the k beams. Each step: the 2k best extensions per sentence
+    The encoder and the cross-attention keys/values run once per sentence, and a sentence's beams
+    share them (see Transformer.reorder_state). Each step: the 2k best extensions per sentence
     (tensor top-k over beams x vocab); those among the first k that end (EOS or
     max length) join `Finished`, the first k non-EOS ones form the next beam. A sentence is done
     at its max length, or once it has k finished hypotheses and `open_bound` cannot beat the

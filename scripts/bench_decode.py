@@ -1,0 +1,263 @@
+"""Decoding speed of a trained checkpoint: greedy and beam search, with and without the cache.
+
+    python scripts/bench_decode.py                                  # runs/bible/checkpoints/best.pt
+    python scripts/bench_decode.py CKPT --vs-nocache                # + the search recomputing the prefix
+    python scripts/bench_decode.py CKPT --vs-hf                     # + HF transformers' generate, same weights
+    python scripts/bench_decode.py CKPT --batch-sentences 0         # the checkpoint's token budget instead
+
+It decodes the first --sentences lines of --src (default: the run's data/test.en), sorted by
+length into batches of --batch-sentences sentences (64, the reference setting; 0 = the
+checkpoint's decode.batch_tokens budget, as `translate decode` does), greedy and with beam
+--beam, with the checkpoint's length penalty and max length a*src+b. The runs take turns,
+repeat after repeat, so that a busy machine slows them alike; it prints the median over the
+repeats of:
+
+- sentences/s and generated tokens/s: tokens are the pieces of each 1-best output (EOS not
+  counted), the same count for every system;
+- peak RSS of the process during the run (VmHWM, reset before each run);
+- with --vs-nocache the same search re-running the decoder over the whole prefix at every step
+  (`use_cache=False`), the speed-ups cached / no-cache, and whether the outputs are the same;
+- with --vs-hf a `transformers` MarianMTModel of the same shape (post-norm, sinusoidal
+  positions, shared embeddings) holding this checkpoint's weights, decoding the same batches
+  with `generate` (greedy; beam with its own length penalty and stopping rule, so a few
+  beam outputs differ); the share of outputs equal to ours is printed.
+Timing covers the search only (tokenization and detokenization are left out), in fp32 unless
+--quantize int8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from translate.checkpoint import load_model
+from translate.model import BOS, EOS, PAD, Transformer
+from translate.search import beam_search, max_output_lengths
+from translate.translator import encode_sources, for_inference, pad_batch, token_batches
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("checkpoint", nargs="?", default="runs/bible/checkpoints/best.pt")
+    p.add_argument("--src", help="English source file (default: RUN/data/test.en of the checkpoint's run)")
+    p.add_argument("--sentences", type=int, default=500, help="first N non-blank lines")
+    p.add_argument("--batch-sentences", type=int, default=64, help="sentences per batch; 0 = decode.batch_tokens")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    p.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantization of the linear layers")
+    p.add_argument("--vs-nocache", action="store_true", help="also the no-cache search, interleaved")
+    p.add_argument("--vs-hf", action="store_true", help="also HF transformers' generate, interleaved")
+    return p.parse_args(argv)
+
+
+def read_batches(args: argparse.Namespace, model: Transformer, tokenizer, cfg) -> list[torch.Tensor]:
+    """The first --sentences non-blank source lines as padded id batches (B, S), longest first."""
+    src = Path(args.src) if args.src else Path(args.checkpoint).resolve().parent.parent / "data" / "test.en"
+    if not src.is_file():
+        sys.exit(f"error: source file not found: {src} (give --src)")
+    lines = [line for line in src.read_text(encoding="utf-8").splitlines() if line.strip()][: args.sentences]
+    sources: list[list[int]] = encode_sources(tokenizer, lines, model.cfg.max_positions - 1)  # type: ignore[assignment]
+    if args.batch_sentences > 0:
+        order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
+        groups = [order[i : i + args.batch_sentences] for i in range(0, len(order), args.batch_sentences)]
+    else:
+        groups = token_batches([len(s) for s in sources], cfg.decode.batch_tokens, args.beam)
+    return [pad_batch([sources[i] for i in group], torch.device("cpu")) for group in groups]
+
+
+# ---------------------------------------------------------------------------- measuring
+
+
+def reset_peak_rss() -> None:
+    """Reset this process's peak RSS (VmHWM) where Linux allows it."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def peak_rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    import resource  # not Linux: the process's lifetime peak
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Run:
+    """One system under test: a name and a function from batches to 1-best token lists."""
+
+    def __init__(self, name: str, decode) -> None:
+        self.name, self.decode = name, decode
+        self.seconds: list[float] = []
+        self.peaks: list[float] = []
+        self.outputs: list[list[int]] = []
+
+    def once(self, batches: list[torch.Tensor]) -> None:
+        reset_peak_rss()
+        start = time.perf_counter()
+        self.outputs = self.decode(batches)
+        self.seconds.append(time.perf_counter() - start)
+        self.peaks.append(peak_rss_mb())
+
+    def row(self, n_sentences: int) -> str:
+        seconds = statistics.median(self.seconds)
+        tokens = sum(map(len, self.outputs))
+        return (
+            f"{self.name:<18} {n_sentences / seconds:>10.1f} {tokens / seconds:>10.0f} {seconds:>9.2f}"
+            f" {statistics.median(self.peaks):>9.0f}"
+        )
+
+
+def ours(models: list[Transformer], beam: int, cfg, use_cache: bool = True):
+    search = dict(length_penalty=cfg.decode.length_penalty, max_len_a=cfg.decode.max_len_a)
+
+    def decode(batches: list[torch.Tensor]) -> list[list[int]]:
+        out = []
+        for src in batches:
+            hyps = beam_search(models, src, beam, max_len_b=cfg.decode.max_len_b, use_cache=use_cache, **search)
+            out += [h[0].tokens for h in hyps]
+        return out
+
+    return decode
+
+
+# ---------------------------------------------------------------------------- HF transformers
+
+
+def hf_marian(model: Transformer):
+    """A MarianMTModel with the same shape and weights as `model` (post-norm, tied embeddings)."""
+    from transformers import MarianConfig, MarianMTModel
+
+    c = model.cfg
+    if c.norm != "post":
+        sys.exit("error: --vs-hf needs a post-norm model (MarianMT has no pre-norm variant)")
+    config = MarianConfig(
+        vocab_size=model.vocab_size, d_model=c.d_model, encoder_layers=c.encoder_layers,
+        decoder_layers=c.decoder_layers, encoder_attention_heads=c.n_heads, decoder_attention_heads=c.n_heads,
+        encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff, activation_function="relu", max_position_embeddings=c.max_positions,
+        pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS, decoder_start_token_id=BOS, forced_eos_token_id=None,
+        scale_embedding=True, share_encoder_decoder_embeddings=True, tie_word_embeddings=c.tie_embeddings,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+    )  # fmt: skip
+    hf = MarianMTModel(config).eval()
+    ours_state = model.state_dict()
+    state = {
+        "model.shared.weight": ours_state["embed.weight"],
+        "model.encoder.embed_positions.weight": model.pe[: c.max_positions],
+        "model.decoder.embed_positions.weight": model.pe[: c.max_positions],
+        "lm_head.weight": ours_state["output.weight"],
+    }
+    names = {"W_q": "q_proj", "W_k": "k_proj", "W_v": "v_proj", "W_o": "out_proj"}
+    for side, attns in (("encoder", {"self_attn": "self_attn"}), ("decoder", {"self_attn": "self_attn", "cross_attn": "encoder_attn"})):  # fmt: skip
+        norms = {"sub_attn": "self_attn_layer_norm", "sub_self": "self_attn_layer_norm",
+                 "sub_cross": "encoder_attn_layer_norm", "sub_ffn": "final_layer_norm"}  # fmt: skip
+        for i in range(getattr(c, f"{side}_layers")):
+            hf_layer, layer = f"model.{side}.layers.{i}", f"{side}.{i}"
+            for a, b in attns.items():
+                for w, h in names.items():
+                    for p in ("weight", "bias"):
+                        state[f"{hf_layer}.{b}.{h}.{p}"] = ours_state[f"{layer}.{a}.{w}.{p}"]
+            for ours_norm, hf_norm in norms.items():
+                if f"{layer}.{ours_norm}.norm.weight" in ours_state:
+                    for p in ("weight", "bias"):
+                        state[f"{hf_layer}.{hf_norm}.{p}"] = ours_state[f"{layer}.{ours_norm}.norm.{p}"]
+            for ours_fc, hf_fc in (("linear1", "fc1"), ("linear2", "fc2")):
+                for p in ("weight", "bias"):
+                    state[f"{hf_layer}.{hf_fc}.{p}"] = ours_state[f"{layer}.ffn.{ours_fc}.{p}"]
+    missing = set(hf.state_dict()) - set(state) - {"final_logits_bias"}
+    missing = {k for k in missing if not k.endswith("embed_tokens.weight")}  # tied to model.shared
+    if missing:
+        sys.exit(f"error: --vs-hf: no weights for {sorted(missing)[:5]}")
+    hf.load_state_dict(state, strict=False)
+    return hf
+
+
+def hf_generate(hf, beam: int, cfg):
+    def decode(batches: list[torch.Tensor]) -> list[list[int]]:
+        out = []
+        for src in batches:
+            max_new = int(max_output_lengths(src, cfg.decode.max_len_a, cfg.decode.max_len_b).max())
+            with torch.inference_mode():
+                gen = hf.generate(
+                    input_ids=src, attention_mask=src != PAD, num_beams=beam, do_sample=False,
+                    max_new_tokens=max_new, length_penalty=cfg.decode.length_penalty if beam > 1 else 1.0,
+                    suppress_tokens=[PAD, BOS],
+                )  # fmt: skip
+            for row in gen[:, 1:].tolist():  # without the decoder start
+                out.append(row[: row.index(EOS)] if EOS in row else [t for t in row if t != PAD])
+        return out
+
+    return decode
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not Path(args.checkpoint).is_file():
+        sys.exit(f"error: checkpoint not found: {args.checkpoint} (train one: make train)")
+    model, tokenizer, cfg = load_model(args.checkpoint)
+    batches = read_batches(args, model, tokenizer, cfg)
+    n = sum(b.size(0) for b in batches)
+    fast = for_inference(model, quantize=args.quantize)
+    runs = [Run("greedy", ours([fast], 1, cfg)), Run(f"beam {args.beam}", ours([fast], args.beam, cfg))]
+    if args.vs_nocache:
+        runs += [Run("greedy no-cache", ours([fast], 1, cfg, False))]
+        runs += [Run(f"beam {args.beam} no-cache", ours([fast], args.beam, cfg, False))]
+    if args.vs_hf:
+        try:
+            hf = hf_marian(model)
+        except ImportError:
+            sys.exit("error: --vs-hf needs HF transformers, which is not installed (pip install transformers)")
+        runs += [
+            Run("HF greedy", hf_generate(hf, 1, cfg)),
+            Run(f"HF beam {args.beam}", hf_generate(hf, args.beam, cfg)),
+        ]
+    print(
+        f"{args.checkpoint}: {n} sentences, {len(batches)} batches, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}, {'int8' if args.quantize else 'fp32'}, pid {os.getpid()}"
+    )
+    warm = [b[:4] for b in batches[-1:]]
+    for run in runs:
+        run.decode(warm)
+    for _ in range(args.repeats):
+        for run in runs:
+            run.once(batches)
+    print(f"{'':<18} {'sent/s':>10} {'tok/s':>10} {'seconds':>9} {'peak MB':>9}   (median of {args.repeats})")
+    for run in runs:
+        print(run.row(n))
+    report_ratios(runs, args.beam)
+
+
+def report_ratios(runs: list[Run], beam: int) -> None:
+    by = {run.name: run for run in runs}
+
+    def speedup(slow: str, fast: str) -> str:
+        return f"{statistics.median(by[slow].seconds) / statistics.median(by[fast].seconds):.2f}x"
+
+    def same(a: str, b: str) -> str:
+        pairs = list(zip(by[a].outputs, by[b].outputs, strict=True))
+        return f"{sum(x == y for x, y in pairs) / len(pairs):.1%} outputs identical"
+
+    print(f"greedy / beam {beam}: {speedup(f'beam {beam}', 'greedy')} faster")
+    for kind in ("greedy", f"beam {beam}"):
+        if f"{kind} no-cache" in by:
+            print(f"{kind} cached / no-cache: {speedup(f'{kind} no-cache', kind)} ({same(kind, f'{kind} no-cache')})")
+        if f"HF {kind}" in by:
+            print(f"{kind} ours / HF generate: {speedup(f'HF {kind}', kind)} ({same(kind, f'HF {kind}')})")
+
+
+if __name__ == "__main__":
+    main()
