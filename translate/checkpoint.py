@@ -36,7 +36,7 @@ import torch
 
 import translate
 from translate.config import Config, config_from_dict
-from translate.errors import UserError
+from translate.errors import UserError, is_disk_full
 from translate.model import Transformer
 from translate.tokenizer import Tokenizer
 
@@ -56,18 +56,28 @@ def versions() -> dict[str, str]:
 def atomic_save(obj: Any, path: str | Path) -> None:
     """Write to a temp file in the same directory, fsync, then rename over `path`.
 
-    A crash or a full disk at any moment leaves the previous file at `path` intact.
+    A crash or a full disk at any moment leaves the previous file at `path` intact; a full disk
+    or a directory that cannot be written is a UserError saying so.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if not path.parent.is_dir():
+        why = "is not a directory" if path.parent.exists() else "does not exist"
+        raise UserError(f"cannot save {path}: directory {path.parent} {why}")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise UserError(f"cannot save {path}: {e.strerror} in {path.parent}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if is_disk_full(e):
+            kept = f"the previous {path.name} is intact" if path.exists() else "the files saved before are intact"
+            raise UserError(f"disk full while saving {path}: nothing was written and {kept}; free some space") from None
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
@@ -89,6 +99,9 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise UserError(f"{path}: {_why_unreadable(path, e)}") from None
     if not isinstance(ckpt, dict) or "format" not in ckpt or "model" not in ckpt:
         raise UserError(f"{path}: not a translate checkpoint (a .pt file of some other program)")
+    missing = [key for key in ("config", "vocab_size", "spm_model") if key not in ckpt]
+    if missing and ckpt["format"] == CHECKPOINT_FORMAT:
+        raise UserError(f"{path}: not a complete translate checkpoint (it has no {', '.join(missing)})")
     if ckpt["format"] != CHECKPOINT_FORMAT:
         raise UserError(
             f"{path}: checkpoint format {ckpt['format']} (written by translate "
@@ -104,6 +117,8 @@ def _why_unreadable(path: Path, error: Exception) -> str:
         return "an empty file, not a checkpoint"
     if head == b"PK\x03\x04" and not zipfile.is_zipfile(path):
         return "not a readable checkpoint (truncated or corrupt)"
+    if head[:1] != b"\x80" and head != b"PK\x03\x04":  # neither a zip nor a pickle: not written by torch.save
+        return "not a checkpoint (not a file written by PyTorch)"
     if isinstance(error, pickle.UnpicklingError) or "weights_only" in str(error).lower():
         return "not a translate checkpoint (it holds Python objects of another program)"
     return f"not a translate checkpoint ({type(error).__name__})"
@@ -122,9 +137,8 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[Tr
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
-        raise UserError(
-            f"{path}: weights do not fit the model its config describes ({str(e).splitlines()[0]})"
-        ) from None
+        why = [line.strip() for line in str(e).splitlines() if line.strip()][1:2] or [str(e)]  # the first problem
+        raise UserError(f"{path}: weights do not fit the model its config describes ({why[0][:300]})") from None
     return model.to(device).eval(), tokenizer, cfg
 
 

@@ -211,6 +211,8 @@ def _set_dotted(raw: dict[str, Any], assignment: str) -> None:
         raise UserError(f"--set expects section.key=value, got {assignment!r}")
     path, text = assignment.split("=", 1)
     keys = path.strip().split(".")
+    if not all(k.strip() for k in keys):
+        raise UserError(f"--set expects section.key=value with a key on the left, got {assignment!r}")
     try:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:
@@ -242,6 +244,11 @@ def _check(cfg: Config) -> None:
         (t.lr > 0, f"train.lr must be positive, got {t.lr}"),
         (t.min_lr >= 0, "train.min_lr must not be negative"),
         (t.max_tokens >= 16, f"train.max_tokens must be at least 16, got {t.max_tokens}"),
+        (
+            t.max_tokens >= cfg.data.max_len,
+            f"train.max_tokens ({t.max_tokens}) is smaller than one sentence of data.max_len ({cfg.data.max_len}) "
+            "tokens: raise train.max_tokens or lower data.max_len",
+        ),
         (t.accumulate >= 1, "train.accumulate must be at least 1"),
         (t.max_steps >= 1, "train.max_steps must be at least 1"),
         (t.max_epochs is None or t.max_epochs >= 1, "train.max_epochs must be at least 1"),

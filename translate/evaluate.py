@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
 
-from translate.errors import UserError
+from translate.errors import UserError, check_output_path
 
 
 def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
     """Detokenized hypotheses against raw references, one each (13a tokenization, mixed case)."""
     if len(hypotheses) != len(references):
         raise UserError(f"{len(hypotheses)} hypotheses but {len(references)} references: line counts must match")
+    if not references:
+        raise UserError("no sentences to score: the references are empty")
     bleu, chrf = BLEU(), CHRF()
     b = bleu.corpus_score(hypotheses, [references])
     c = chrf.corpus_score(hypotheses, [references])
@@ -37,10 +41,13 @@ def format_scores(scores: dict[str, Any]) -> str:
 
 
 def read_lines(path: str | Path, what: str) -> list[str]:
-    """Lines of a UTF-8 text file (BOM and CRLF accepted); one clear error for anything else."""
+    """Lines of a UTF-8 text file (BOM and CRLF accepted); one clear error for anything else,
+    an empty file included (there is nothing to score)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"{what} file not found: {path}")
+    if path.is_dir():
+        raise UserError(f"{what} file {path} is a directory")
     lines = []
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
@@ -51,8 +58,20 @@ def read_lines(path: str | Path, what: str) -> list[str]:
             if number == 1:
                 line = line.removeprefix("\ufeff")
             lines.append(line.rstrip("\r\n"))
+    if not lines:
+        raise UserError(f"{what} file {path} is empty: nothing to score")
     return lines
 
 
 def write_json(scores: dict[str, Any], path: str | Path) -> None:
-    Path(path).write_text(json.dumps(scores, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    """Write the scores as JSON: to a temporary file renamed at the end, never half-written."""
+    path = check_output_path(path, "--json")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(scores, indent=2, ensure_ascii=False) + "\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

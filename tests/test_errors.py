@@ -1,0 +1,524 @@
+"""Every user mistake and fault ends in one `error:` line and exit 2, never a traceback, and
+leaves the files the user had as they were (docs/errors.md lists the cases).
+
+Most cases run the command line in this process (`translate.cli.main` with its argv, as the
+console script does), which saves a torch import per case; one case per category, and the
+ones about signals, pipes and stdin, run it in a subprocess (`run_cli`).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import FIXTURES, run_cli, tiny_config
+
+from translate.checkpoint import CHECKPOINT_FORMAT
+from translate.cli import main
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def snapshot(*roots: Path) -> dict[str, tuple[int, str]]:
+    """Every file under `roots`: (mtime, sha1 of the bytes)."""
+    files = {}
+    for root in roots:
+        for path in [root] if root.is_file() else sorted(root.rglob("*")):
+            if path.is_file():
+                files[str(path)] = (path.stat().st_mtime_ns, hashlib.sha1(path.read_bytes()).hexdigest())
+    return files
+
+
+def changed(before: dict[str, tuple[int, str]]) -> list[str]:
+    """The files of a `snapshot` that are gone or differ now (new files do not count)."""
+    now = snapshot(*map(Path, before))
+    return [path for path, state in before.items() if now.get(path) != state]
+
+
+def assert_one_error(code: int, err: str, *names: object, logs: bool = False) -> str:
+    """Exit 2, no traceback, one `error:` line naming `names`; with `logs`, progress lines may precede it."""
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert "Traceback" not in err and "Fatal" not in err, err
+    assert [line for line in lines if line.startswith("error:")] == lines[-1:], err
+    assert logs or len(lines) == 1, err
+    for name in names:
+        assert str(name) in lines[-1], f"{name!r} not in {lines[-1]!r}"
+    return lines[-1]
+
+
+def run_main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, *args: object) -> tuple[int, str, str]:
+    """Run `translate ARGS...` in this process, as the console script does: (exit code, stdout, stderr)."""
+    logger = logging.getLogger("translate")
+    handlers, level = list(logger.handlers), logger.level
+    monkeypatch.setattr(sys, "argv", ["translate", *map(str, args)])
+    capsys.readouterr()
+    try:
+        with pytest.raises(SystemExit) as stop:
+            main()
+    finally:
+        for handler in logger.handlers[len(handlers) :]:  # the log files of prepare/train
+            handler.close()
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+    out, err = capsys.readouterr()
+    return stop.value.code, out, err
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    return lambda *args: run_main(monkeypatch, capsys, *args)
+
+
+@pytest.fixture
+def files(tmp_path) -> SimpleNamespace:
+    """Small bad inputs of every kind, and a good tiny config."""
+    d = tmp_path / "in"
+    d.mkdir()
+    f = SimpleNamespace(dir=d, config=tiny_config(d))
+    writes = {
+        "bad.yaml": b"model:\n  d_model: 32\n   n_heads: [\n",
+        "list.yaml": b"- model\n- train\n",
+        "binary.yaml": b"\xff\xfe\x00bad",
+        "typo.yaml": b"model:\n  d_modle: 32\n",
+        "two.en": b"one\ntwo\n",
+        "two.fr": b"un\n",
+        "bad.en": b"fine\nbad \xff here\n",
+        "bad.fr": b"bien\nmal\n",
+        "empty.en": b"",
+        "empty.fr": b"",
+        "blank.en": b"  \n\t\n",
+        "blank.fr": b"x\ny\n",
+        "bad.jsonl": b'{"en": "a", "fr": "b"}\n{"en": "a", \n',
+        "three.fr": b"un\ndeux\ntrois\n",
+        "odd.en": "\ufeffHello.\r\n\n   \n...!?\n中文句子。\n😀🎉\n".encode(),
+    }
+    for name, data in writes.items():
+        (d / name).write_bytes(data)
+        setattr(f, name.replace(".", "_"), d / name)
+    return f
+
+
+@pytest.fixture(scope="module")
+def broken(trained_run, tmp_path_factory) -> SimpleNamespace:
+    """Checkpoint files that are wrong in every way a user can meet."""
+    run, _ = trained_run
+    d = tmp_path_factory.mktemp("broken")
+    good = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    data = (run / "checkpoints" / "last.pt").read_bytes()
+    (d / "truncated.pt").write_bytes(data[: len(data) // 2])
+    (d / "empty.pt").write_bytes(b"")
+    (d / "text.pt").write_text("not a checkpoint\n")
+    torch.save({**good, "format": 99}, d / "future.pt")
+    torch.save({"model": torch.nn.Linear(4, 2).state_dict(), "epoch": 3}, d / "unrelated.pt")
+    torch.save({"format": CHECKPOINT_FORMAT, "model": {}}, d / "incomplete.pt")
+    shrunk = {k: v[..., :1].clone() if v.dim() else v for k, v in good["model"].items()}
+    torch.save({**good, "model": shrunk}, d / "shapes.pt")
+    return SimpleNamespace(dir=d, **{p.stem: p for p in d.iterdir()})
+
+
+@pytest.fixture
+def run_copy(trained_run, tmp_path) -> tuple[Path, list[str]]:
+    """A copy of the trained run (at step 8) and the options that resume it for one more step."""
+    run, _ = trained_run
+    copy = tmp_path / "runs" / run.name
+    shutil.copytree(run, copy)
+    return copy, ["--config", copy, "--set", f"run_dir={copy.parent}", "--set", "train.max_steps=9"]
+
+
+# ---------------------------------------------------------------------------- config
+
+CONFIG_CASES = {
+    "missing file": (lambda f: ["--config", f.dir / "nope.yaml"], ["config file not found", "nope.yaml"]),
+    "yaml syntax": (lambda f: ["--config", f.bad_yaml], ["bad.yaml", "line 3", "YAML syntax error"]),
+    "not a mapping": (lambda f: ["--config", f.list_yaml], ["list.yaml", "mapping"]),
+    "not utf-8": (lambda f: ["--config", f.binary_yaml], ["binary.yaml", "UTF-8"]),
+    "unknown key": (lambda f: ["--config", f.typo_yaml], ["'model.d_modle'", "did you mean 'model.d_model'"]),
+    "wrong type": (lambda f: ["--config", f.config, "--set", "train.lr=fast"], ["'train.lr' expects float"]),
+    "negative lr": (lambda f: ["--config", f.config, "--set", "train.lr=-1"], ["train.lr must be positive"]),
+    "heads": (
+        lambda f: ["--config", f.config, "--set", "model.d_model=30", "--set", "model.n_heads=4"],
+        ["model.d_model (30)", "model.n_heads (4)"],
+    ),
+    "beam 0": (lambda f: ["--config", f.config, "--set", "decode.beam_size=0"], ["decode.beam_size"]),
+    "max_tokens below a sentence": (
+        lambda f: ["--config", f.config, "--set", "train.max_tokens=64"],
+        ["train.max_tokens (64)", "data.max_len (128)"],
+    ),
+    "--set without =": (lambda f: ["--config", f.config, "--set", "foo"], ["--set", "'foo'"]),
+    "--set into a value": (
+        lambda f: ["--config", f.config, "--set", "model.d_model.x=1"],
+        ["'d_model' is not a section"],
+    ),
+    "--set without key": (lambda f: ["--config", f.config, "--set", "=3"], ["--set", "'=3'"]),
+    "--set bad value": (
+        lambda f: ["--config", f.config, "--set", "train.max_steps=[1"],
+        ["'train.max_steps' expects int"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CONFIG_CASES)
+def test_config_mistakes(cli, files, case):
+    args, names = CONFIG_CASES[case]
+    before = snapshot(files.dir)
+    assert_one_error(*cli("prepare", *args(files))[::2], *names)
+    assert not changed(before)
+    assert not (files.dir / "runs").exists()  # refused before anything was written
+
+
+def test_config_mistake_and_bad_options_through_the_console(files):
+    result = run_cli("train", "--config", files.config, "--set", "train.max_tokens=64", check=False)
+    assert_one_error(result.returncode, result.stderr, "train.max_tokens (64)", "raise train.max_tokens")
+
+
+@pytest.mark.parametrize(
+    "args, names",
+    [
+        (["decod"], ["No such command 'decod'", "Did you mean 'decode'"]),
+        (["decode", "x.pt", "--beam", "abc"], ["'--beam'", "integer", "--help"]),
+        (["decode", "x.pt", "--bem", "3"], ["--bem"]),
+        (["evaluate", "--hyp", "x"], ["Missing option '--ref'"]),
+        (["info"], ["Missing argument"]),
+    ],
+)
+def test_command_line_usage_mistakes_are_one_line(cli, args, names):
+    assert_one_error(*cli(*args)[::2], *names)
+
+
+def test_vocab_larger_than_the_corpus_allows(cli, files):
+    code, _, err = cli("prepare", "--config", files.config, "--set", "vocab.size=50000")
+    assert_one_error(code, err, "vocab.size 50000 is too large", "at most", logs=True)
+
+
+# ---------------------------------------------------------------------------- data
+
+DATA_CASES = {
+    "missing files": (["data.train=" + "{d}/nope"], ["data.train: file not found", "nope.en"]),
+    "line counts": (["data.valid={d}/two"], ["two.en has 2 lines", "two.fr has 1"]),
+    "undecodable": (["data.valid={d}/bad"], ["bad.en:2", "not UTF-8"]),
+    "empty file": (["data.valid={d}/empty"], ["empty.en", "empty"]),
+    "empty after cleaning": (["data.valid={d}/blank"], ["valid split is empty after cleaning", "2 had an empty side"]),
+    "bad jsonl": (["data.valid={d}/bad.jsonl"], ["bad.jsonl:2", "not valid JSON"]),
+    "length filters": (
+        ["data.max_len=4", "train.max_tokens=16"],
+        ["no train pair is left after the length filters", "data.max_len=4"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", DATA_CASES)
+def test_data_mistakes(cli, files, case):
+    sets, names = DATA_CASES[case]
+    before = snapshot(files.dir, FIXTURES)
+    options = [x for s in sets for x in ("--set", s.format(d=files.dir))]
+    assert_one_error(*cli("prepare", "--config", files.config, *options)[::2], *names, logs=True)
+    assert not changed(before)
+    assert not (files.dir / "runs" / "e2e" / "data" / "meta.json").exists()  # never taken for prepared data
+
+
+def test_data_mistake_through_the_console(files):
+    result = run_cli("prepare", "--config", files.config, "--set", f"data.valid={files.dir}/two", check=False)
+    assert_one_error(result.returncode, result.stderr, files.two_en, "2 lines", files.two_fr, logs=True)
+
+
+# ---------------------------------------------------------------------------- checkpoints
+
+CHECKPOINT_CASES = {
+    "missing": ("missing.pt", ["checkpoint not found", "missing.pt"]),
+    "directory": ("", ["is a directory, not a checkpoint"]),
+    "truncated": ("truncated.pt", ["truncated.pt", "truncated or corrupt"]),
+    "empty": ("empty.pt", ["empty.pt", "an empty file"]),
+    "text": ("text.pt", ["text.pt", "not a checkpoint"]),
+    "other format": ("future.pt", ["future.pt", "checkpoint format 99", f"reads format {CHECKPOINT_FORMAT}"]),
+    "unrelated model": ("unrelated.pt", ["unrelated.pt", "not a translate checkpoint"]),
+    "incomplete": ("incomplete.pt", ["incomplete.pt", "no config, vocab_size, spm_model"]),
+    "other shapes": ("shapes.pt", ["shapes.pt", "weights do not fit", "size mismatch"]),
+}
+
+
+@pytest.mark.parametrize("case", CHECKPOINT_CASES)
+def test_checkpoint_mistakes(cli, broken, files, case):
+    name, names = CHECKPOINT_CASES[case]
+    before = snapshot(broken.dir, files.dir)
+    out = files.dir / "out.fr"
+    commands = [["decode", broken.dir / name, "-i", files.odd_en, "-o", out], ["info", broken.dir / name]]
+    for command in commands[: 1 if case == "other shapes" else 2]:  # info reads no weights
+        assert_one_error(*cli(*command)[::2], *names)
+    assert not changed(before) and not out.exists()
+
+
+def test_checkpoint_mistake_through_the_console(broken):
+    result = run_cli("decode", broken.truncated, input="Hello.\n", check=False)
+    assert_one_error(result.returncode, result.stderr, broken.truncated, "truncated or corrupt")
+
+
+def test_average_mistakes(cli, trained_run, broken, tmp_path):
+    run, _ = trained_run
+    ckpts = run / "checkpoints"
+    before = snapshot(run)
+    out = tmp_path / "avg.pt"
+    cases = [
+        (["average", ckpts / "best.pt", "-o", out], ["at least two checkpoints"]),
+        (["average", ckpts / "best.pt", broken.text, "-o", out], ["text.pt", "not a checkpoint"]),
+        (["average", ckpts / "best.pt", broken.shapes, "-o", out], ["shapes.pt", "has shape"]),
+        (["average", "--last", "0", "--run", run, "-o", out], ["--last must be at least 2"]),
+        (["average", "--last", "9", "--run", run, "-o", out], ["fewer than --last 9"]),
+        (["average", "--last", "2", "--run", run, "-o", tmp_path / "no" / "avg.pt"], ["directory", "does not exist"]),
+        (["average", ckpts / "step_0000004.pt", ckpts / "last.pt", "-o", ckpts / "last.pt"], ["one of the inputs"]),
+    ]
+    for args, names in cases:
+        assert_one_error(*cli(*args)[::2], *names)
+    assert not changed(before) and not out.exists()
+
+
+# ---------------------------------------------------------------------------- decode and evaluate
+
+
+def decode_cases(f: SimpleNamespace, ckpt: Path) -> dict[str, tuple[list, list]]:
+    ref, out = FIXTURES / "bible.test.fr", f.dir / "out.fr"
+    return {
+        "undecodable input": (["decode", ckpt, "-i", f.bad_en, "-o", out], ["bad.en: line 2", "UTF-8"]),
+        "missing input": (["decode", ckpt, "-i", f.dir / "nope.en"], ["input file not found", "nope.en"]),
+        "input is a directory": (["decode", ckpt, "-i", f.dir], ["is a directory"]),
+        "output is the input": (["decode", ckpt, "-i", f.odd_en, "-o", f.odd_en], ["is the input file"]),
+        "output is the checkpoint": (["decode", ckpt, "-i", f.odd_en, "-o", ckpt], ["is one of the input files"]),
+        "output is a directory": (["decode", ckpt, "-i", f.odd_en, "-o", f.dir], ["is a directory"]),
+        "output dir missing": (["decode", ckpt, "-i", f.odd_en, "-o", f.dir / "no" / "o.fr"], ["does not exist"]),
+        "output dir is a file": (["decode", ckpt, "-i", f.odd_en, "-o", f.two_en / "o.fr"], ["is not a directory"]),
+        "beam 0": (["decode", ckpt, "-i", f.odd_en, "--beam", "0"], ["--beam must be at least 1, got 0"]),
+        "negative beam": (["decode", ckpt, "-i", f.odd_en, "--beam", "-3"], ["--beam must be at least 1, got -3"]),
+        "batch tokens 0": (["decode", ckpt, "-i", f.odd_en, "--batch-tokens", "0"], ["--batch-tokens"]),
+        "negative max len": (["decode", ckpt, "-i", f.odd_en, "--max-len-a", "-1"], ["--max-len-a"]),
+        "nbest above beam": (["decode", ckpt, "-i", f.odd_en, "--beam", "2", "--nbest", "3"], ["nbest", "(2)"]),
+        "unknown device": (["decode", ckpt, "-i", f.odd_en, "--device", "tpu"], ["--device", "'tpu'"]),
+        "line counts": (["evaluate", "--hyp", f.two_fr, "--ref", f.three_fr], ["two.fr has 1 lines", "three.fr has 3"]),
+        "empty reference": (["evaluate", "--hyp", f.empty_fr, "--ref", f.empty_fr], ["empty.fr is empty"]),
+        "undecodable hypothesis": (["evaluate", "--hyp", f.bad_en, "--ref", f.two_en], ["bad.en:2", "UTF-8"]),
+        "source and reference counts": (
+            ["evaluate", ckpt, "--src", f.two_en, "--ref", f.three_fr],
+            ["two.en has 2 lines", "three.fr has 3"],
+        ),
+        "evaluate output is the source": (
+            ["evaluate", ckpt, "--src", f.two_en, "--ref", f.dir / "two.fr", "-o", f.two_en],
+            ["--output", "one of the input files"],
+        ),
+        "json is the reference": (["evaluate", "--hyp", ref, "--ref", ref, "--json", ref], ["--json", "input files"]),
+        "json dir missing": (["evaluate", "--hyp", ref, "--ref", ref, "--json", f.dir / "no" / "s.json"], ["--json"]),
+        "attention layer": (["attention", ckpt, "Hello.", "--layer", "5", "-o", f.dir / "a.png"], ["--layer 5"]),
+        "attention head": (["attention", ckpt, "Hello.", "--head", "7", "-o", f.dir / "a.png"], ["--head 7"]),
+        "attention empty": (["attention", ckpt, " ", "-o", f.dir / "a.png"], ["sentence to translate is empty"]),
+        "attention format": (["attention", ckpt, "Hello.", "-o", f.dir / "a.txt"], ["a.txt", ".png"]),
+        "plot missing run": (["plot", f.dir / "nope", "-o", f.dir / "c.png"], ["run directory not found", "nope"]),
+    }
+
+
+class AnyPath:
+    def __getattr__(self, name: str) -> Path:
+        return Path(name)
+
+
+DECODE_CASES = list(decode_cases(AnyPath(), Path("x.pt")))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("case", DECODE_CASES)
+def test_decode_and_evaluate_mistakes(cli, trained_run, files, case):
+    run, _ = trained_run
+    args, names = decode_cases(files, run / "checkpoints" / "best.pt")[case]
+    before = snapshot(files.dir, run, FIXTURES)
+    assert_one_error(*cli(*args)[::2], *names)
+    assert not changed(before)
+    assert not (files.dir / "out.fr").exists() and not list(files.dir.glob(".*.tmp"))  # nothing half-written
+
+
+@pytest.mark.slow  # the stdin and signal cases below run decode in a subprocess by default
+def test_decode_evaluate_mistake_through_the_console(files):
+    result = run_cli("evaluate", "--hyp", files.two_fr, "--ref", files.three_fr, check=False)
+    assert_one_error(result.returncode, result.stderr, files.two_fr, "1 lines", files.three_fr, "3")
+
+
+def test_odd_input_is_translated_line_for_line(cli, trained_run, files):
+    """Empty input, a BOM, CRLF, blank and whitespace-only lines, punctuation, Chinese and emoji."""
+    ckpt = trained_run[0] / "checkpoints" / "best.pt"
+    out = files.dir / "out.fr"
+    assert cli("decode", ckpt, "-i", files.odd_en, "-o", out, "--beam", "2")[0] == 0
+    lines = out.read_text(encoding="utf-8").split("\n")
+    assert len(lines) == 7 and lines[-1] == "" and lines[1] == lines[2] == ""  # 6 lines, blank ones kept blank
+    assert cli("decode", ckpt, "-i", files.empty_en, "-o", out)[0] == 0 and out.read_bytes() == b""
+    clean = files.dir / "clean.fr"
+    clean.write_text("Bonjour à tous mes amis.\nLe chat est sur la table.\n")
+    odd = files.dir / "odd.fr"
+    odd.write_bytes("\ufeffBonjour à tous mes amis.\r\nLe chat est sur la table.\r\n".encode())
+    code, out_text, _ = cli("evaluate", "--hyp", odd, "--ref", clean)
+    assert code == 0 and "BLEU 100.00" in out_text  # BOM and CRLF are accepted
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks for a GPU that is there")
+def test_cuda_without_a_gpu(cli, files):
+    assert_one_error(*cli("decode", "x.pt", "-i", files.odd_en, "--device", "cuda")[::2], "no CUDA GPU")
+    code, _, err = cli("train", "--config", files.config, "--set", "train.device=cuda")
+    assert_one_error(code, err, "train.device is 'cuda'", "no CUDA GPU")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks for a GPU that is there")
+def test_cuda_without_a_gpu_through_the_console(trained_run, files):
+    ckpt = trained_run[0] / "checkpoints" / "best.pt"
+    result = run_cli("decode", ckpt, "-i", files.odd_en, "--device", "cuda", check=False)
+    assert_one_error(result.returncode, result.stderr, "--device cuda", "no CUDA GPU")
+
+
+def test_out_of_memory_while_decoding_names_the_setting(cli, trained_run, files, monkeypatch):
+    def oom(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr("translate.translator.beam_search", oom)
+    out = files.dir / "out.fr"
+    code, _, err = cli("decode", trained_run[0] / "checkpoints" / "best.pt", "-i", files.odd_en, "-o", out)
+    assert_one_error(code, err, "out of memory", "--batch-tokens")
+    assert not out.exists() and not list(files.dir.glob(".out.fr*"))
+
+
+# ---------------------------------------------------------------------------- stdin, stdout and signals
+
+
+def start_decode(ckpt: Path) -> subprocess.Popen:
+    """`translate decode CKPT` reading a stdin that stays open, as at a terminal."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "translate", "decode", str(ckpt), "--beam", "1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def test_ctrl_c_while_reading_stdin_is_one_line(trained_run):
+    p = start_decode(trained_run[0] / "checkpoints" / "best.pt")
+    p.stdin.write(b"Hello.\n")
+    p.stdin.flush()
+    assert p.stdout.readline()  # translated: the model is loaded and the reader waits for more
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=60) == 130
+    assert p.stderr.read().decode().strip() == "interrupted"  # not Python's fatal error at shutdown
+    p.stdin.close()
+
+
+def test_reader_of_stdout_gone_is_a_quiet_exit(trained_run):
+    """`translate decode CKPT | head -1` at a terminal: no traceback when head exits."""
+    p = start_decode(trained_run[0] / "checkpoints" / "best.pt")
+    p.stdin.write(b"Hello.\n")
+    p.stdin.flush()
+    assert p.stdout.readline()
+    p.stdout.close()
+    p.stdin.write(b"Good morning.\n")
+    p.stdin.flush()
+    assert p.wait(timeout=60) == 1
+    assert p.stderr.read() == b""
+    p.stdin.close()
+
+
+def test_ctrl_c_during_prepare(cli, files, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("translate.data.Tokenizer.train", interrupted)
+    code, _, err = cli("prepare", "--config", files.config)
+    assert code == 130 and err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
+    assert not (files.dir / "runs" / "e2e" / "data" / "meta.json").exists()  # the next prepare starts again
+
+
+# ---------------------------------------------------------------------------- runs and devices
+
+
+def test_run_dir_that_cannot_be_created(cli, files):
+    code, _, err = cli("prepare", "--config", files.config, "--set", f"run_dir={files.two_en}")
+    assert_one_error(code, err, "cannot create the run directory", "two.en", "Not a directory")
+
+
+def test_run_mistake_through_the_console(files):
+    result = run_cli("train", "--config", files.config, "--set", f"run_dir={files.two_en}", check=False)
+    assert_one_error(result.returncode, result.stderr, "cannot create the run directory", files.two_en)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_read_only_output_directories(cli, trained_run, files):
+    ro = files.dir / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        ckpt = trained_run[0] / "checkpoints" / "best.pt"
+        ref = FIXTURES / "bible.test.fr"
+        assert_one_error(*cli("decode", ckpt, "-i", files.odd_en, "-o", ro / "o.fr")[::2], "not writable", ro)
+        assert_one_error(*cli("evaluate", "--hyp", ref, "--ref", ref, "--json", ro / "s.json")[::2], "not writable")
+        code, _, err = cli("prepare", "--config", files.config, "--set", f"run_dir={ro}")
+        assert_one_error(code, err, "cannot create the run directory", "Permission denied")
+    finally:
+        ro.chmod(0o755)
+
+
+def test_unwritable_places_are_one_line(cli, files, monkeypatch):
+    """What a read-only directory gives (also when the tests run as root, who may write anywhere)."""
+    ref = FIXTURES / "bible.test.fr"
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == files.dir else real_access(p, mode))
+    assert_one_error(*cli("evaluate", "--hyp", ref, "--ref", ref, "--json", files.dir / "s.json")[::2], "not writable")
+
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(files.dir / "runs" / "x"))
+
+    monkeypatch.setattr("translate.data.prepare", denied)
+    code, _, err = cli("prepare", "--config", files.config)
+    assert_one_error(code, err, "runs/x: Permission denied")
+
+
+def test_train_into_a_used_run(cli, run_copy):
+    copy, options = run_copy
+    before = snapshot(copy / "checkpoints")
+    code, _, err = cli("train", *options)
+    assert_one_error(code, err, "already holds a training run", "--resume")
+    with open(copy / ".lock", "w") as held:  # another training holds the run
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        code, _, err = cli("train", *options, "--resume")
+    assert_one_error(code, err, "in use by another training", ".lock")
+    assert not changed(before)
+
+
+def test_disk_full_while_saving_keeps_the_last_checkpoint(cli, run_copy, monkeypatch):
+    copy, options = run_copy
+    before, names = snapshot(copy / "checkpoints"), sorted(os.listdir(copy / "checkpoints"))
+
+    def full(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    code, _, err = cli("train", *options, "--resume")
+    line = assert_one_error(code, err, "disk full while saving", "step_0000009.pt", "--resume", logs=True)
+    assert "last.pt" in line and "intact" in line
+    assert not changed(before) and sorted(os.listdir(copy / "checkpoints")) == names  # no temporary file left
+    monkeypatch.undo()
+    assert torch.load(copy / "checkpoints" / "last.pt", weights_only=True)["step"] == 8
+
+
+def test_out_of_memory_while_training_names_the_settings(cli, run_copy, monkeypatch):
+    copy, options = run_copy
+    before = snapshot(copy / "checkpoints")
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr("translate.train.Trainer._forward_loss", oom)
+    code, _, err = cli("train", *options, "--resume")
+    assert_one_error(code, err, "out of memory", "step 8", "lower train.max_tokens", "train.accumulate", logs=True)
+    assert not changed(before)
