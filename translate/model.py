@@ -82,7 +82,14 @@ class MultiHeadAttention(nn.Module):
             out = F.dropout(weights, p, self.training) @ v  # (B, H, Lq, K)
         else:
             weights = None
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal)
+            if q.dtype == torch.bfloat16 and q.device.type == "cpu" and q.requires_grad:
+                # torch's CPU flash attention is slower in bf16 than in fp32, backward above all
+                with torch.autocast("cpu", enabled=False):
+                    out = F.scaled_dot_product_attention(
+                        q.float(), k.float(), v.float(), attn_mask=mask, dropout_p=p, is_causal=is_causal
+                    ).to(q.dtype)
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal)
         out = out.transpose(1, 2).reshape(B, Lq, self.n_heads * self.d_k)  # (B, Lq, D)
         return self.W_o(out), weights
 
