@@ -289,7 +289,7 @@ def test_average_mistakes(cli, trained_run, broken, tmp_path):
 def decode_cases(f: SimpleNamespace, ckpt: Path) -> dict[str, tuple[list, list]]:
     ref, out = FIXTURES / "bible.test.fr", f.dir / "out.fr"
     return {
-        "undecodable input": (["decode", ckpt, "-i", f.bad_en, "-o", out], ["bad.en: line 2", "UTF-8"]),
+        "undecodable input": (["decode", ckpt, "-i", f.bad_en, "-o", out], ["bad.en:2", "not UTF-8"]),
         "missing input": (["decode", ckpt, "-i", f.dir / "nope.en"], ["input file not found", "nope.en"]),
         "input is a directory": (["decode", ckpt, "-i", f.dir], ["is a directory"]),
         "output is the input": (["decode", ckpt, "-i", f.odd_en, "-o", f.odd_en], ["is the input file"]),

@@ -138,10 +138,10 @@ def test_random_bytes_are_one_error_line_after_the_good_lines(cli, ckpt, tmp_pat
     src.write_bytes(data)
 
     # from a file: nothing is written; from stdin: the lines before the bad one are translated first
-    one_error(*cli("decode", ckpt, "-i", src, "-o", out, *SHORT)[::2], "junk.en", f"line {bad}:")
+    one_error(*cli("decode", ckpt, "-i", src, "-o", out, *SHORT)[::2], f"junk.en:{bad}:", "not UTF-8")
     assert os.listdir(tmp_path) == ["junk.en"]
     piped = translate("decode", ckpt, *SHORT, stdin=data)
-    assert_one_error(piped, f"<stdin>: line {bad}:")
+    assert_one_error(piped, f"<stdin>:{bad}:")
     assert len(output_lines(piped.stdout)) == bad - 1
     code, _, err = cli("evaluate", "--hyp", src, "--ref", FIXTURES / "bible.test.fr")
     one_error(code, err, f"junk.en:{bad}:", "not UTF-8")

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from translate import search
 from translate.config import ModelConfig
 from translate.model import BOS, EOS, PAD, UNK, Transformer
 from translate.search import (
@@ -252,6 +253,15 @@ def test_scripted_ensemble_averages_probabilities():
 
 def test_greedy_cached_equals_full_recomputation(model, src):
     assert_same(greedy_search([model], src, 1.0, 5), greedy_search([model], src, 1.0, 5, use_cache=False))
+
+
+@pytest.mark.parametrize("share", [0.0, 1.0])
+def test_greedy_same_whenever_finished_rows_leave(model, src, monkeypatch, share):
+    """Finished rows leave the batch at a later step than they finish (COMPACT_SHARE): the
+    outputs are those of dropping each at once (0.0) or only at the very end (1.0)."""
+    default = greedy_search([model], src, 1.0, 5)
+    monkeypatch.setattr(search, "COMPACT_SHARE", share)
+    assert_same(greedy_search([model], src, 1.0, 5), default, tol=1e-6)
 
 
 def test_beam_cached_equals_full_recomputation(model, src):

@@ -156,10 +156,10 @@ def test_lines_are_read_lazily(model, tokenizer):
 def test_reading_errors_reach_the_caller_in_stream_mode(model, tokenizer):
     def lines():
         yield "the cat"
-        raise UserError("in.en: line 2: not valid UTF-8")
+        raise UserError("in.en:2: not UTF-8")
 
     results = translate_lines(model, tokenizer, lines(), stream=True, **SEARCH)
-    with pytest.raises(UserError, match="line 2"):
+    with pytest.raises(UserError, match="in.en:2"):
         list(results)
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import IO
 
 
 class UserError(Exception):
@@ -68,3 +69,19 @@ def check_output_path(path: str | Path, what: str, inputs: Iterable[str | Path |
     if path.exists() and any(p is not None and Path(p).exists() and path.samefile(p) for p in inputs):
         raise UserError(f"{what} {path} is one of the input files; choose another file")
     return path
+
+
+def text_lines(f: IO[bytes], name: str) -> Iterator[str]:
+    """The lines of a UTF-8 byte stream without their ending (LF or CRLF), a leading BOM dropped;
+    undecodable bytes are a UserError naming the file, line and column. Closes `f` at the end."""
+    with f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise UserError(
+                    f"{name}:{number}: not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})"
+                ) from None
+            if number == 1:
+                line = line.removeprefix("\ufeff")
+            yield line.removesuffix("\n").removesuffix("\r")

@@ -10,7 +10,7 @@ from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
 
-from translate.errors import UserError, check_output_path
+from translate.errors import UserError, check_output_path, text_lines
 
 
 def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
@@ -48,16 +48,7 @@ def read_lines(path: str | Path, what: str) -> list[str]:
         raise UserError(f"{what} file not found: {path}")
     if path.is_dir():
         raise UserError(f"{what} file {path} is a directory")
-    lines = []
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise UserError(f"{path}:{number}: not UTF-8 (byte {e.start + 1} of the line)") from None
-            if number == 1:
-                line = line.removeprefix("\ufeff")
-            lines.append(line.rstrip("\r\n"))
+    lines = list(text_lines(open(path, "rb"), str(path)))
     if not lines:
         raise UserError(f"{what} file {path} is empty: nothing to score")
     return lines

@@ -17,8 +17,9 @@ per sentence, from each beam's own top-n), `split_candidates` (which finish, whi
 `Finished` (the k best finished hypotheses per sentence, as tensors), `open_bound` (the best
 score an open hypothesis can still reach), then the two loops `greedy_search` and `beam_search`
 (both under torch.inference_mode; beam_size 1 is greedy). An ensemble averages the models'
-probabilities at every step. Finished sentences leave the batch at once: their rows of the
-decoder state are dropped, so a long sentence does not slow the others down.
+probabilities at every step. Finished sentences leave the batch (beam search: at once; greedy:
+once a quarter of its rows has finished): their rows of the decoder state are dropped, so a
+long sentence does not slow the others down.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 from translate.model import BOS, EOS, PAD
 
 NEG_INF = float("-inf")
+COMPACT_SHARE = 0.25  # greedy: drop finished rows from the batch once this share of its rows has finished
 
 
 @dataclass
@@ -254,7 +256,8 @@ def greedy_search(
     ensemble = Ensemble(models, use_cache)
     ensemble.start(src)
     max_lens = max_output_lengths(src, max_len_a, max_len_b).to(src.device)
-    ids = torch.arange(B, device=src.device)  # original sentence of each active row
+    ids = torch.arange(B, device=src.device)  # original sentence of each row
+    alive = torch.ones(B, dtype=torch.bool, device=src.device)  # rows still searching
     tokens = src.new_full((B,), BOS)
     log_probs = torch.zeros(B, device=src.device)
     history = src.new_empty((B, 0))  # (N, t)
@@ -263,19 +266,24 @@ def greedy_search(
         best, tokens = (t[:, 0] for t in ensemble.top(tokens, 1))  # (N,), (N,)
         log_probs = log_probs + best
         history = torch.cat([history, tokens[:, None]], dim=1)  # (N, t+1)
-        done = (tokens == EOS) | (max_lens <= step + 1)
+        done = alive & ((tokens == EOS) | (max_lens <= step + 1))
         if not done.any():
             continue
         scores = normalize(log_probs[done], step + 1, length_penalty).tolist()
         rows = zip(ids[done].tolist(), history[done].tolist(), scores, log_probs[done].tolist(), strict=True)
         for i, toks, score, log_prob in rows:
             results[i] = Hypothesis(strip_eos(toks), score, log_prob)
-        keep = (~done).nonzero().squeeze(1)
-        if keep.numel() == 0:
+        alive &= ~done
+        n_alive = int(alive.sum())
+        if n_alive == 0:
             break
-        ensemble.reorder(keep)
-        ids, tokens, log_probs = ids[keep], tokens[keep], log_probs[keep]
-        history, max_lens = history[keep], max_lens[keep]
+        if n_alive <= (1 - COMPACT_SHARE) * alive.numel():
+            # drop the finished rows; until enough have finished they ride along (copying the
+            # cache at every finish would cost more than decoding a few extra rows)
+            keep = alive.nonzero().squeeze(1)
+            ensemble.reorder(keep)
+            ids, tokens, log_probs, alive = ids[keep], tokens[keep], log_probs[keep], alive[keep]
+            history, max_lens = history[keep], max_lens[keep]
     return results  # type: ignore[return-value]
 
 

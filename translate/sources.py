@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from translate.config import DataConfig
-from translate.errors import UserError
+from translate.errors import UserError, text_lines
 
 Pair = tuple[str, str]  # (source sentence, target sentence), raw text
 SPLITS = ("train", "valid", "test")
@@ -233,16 +233,7 @@ def _check_file(path: Path, key: str) -> None:
 
 def read_lines(path: Path) -> Iterator[str]:
     """The lines of a UTF-8 file without their line ending (LF or CRLF); a leading BOM is dropped."""
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                where = f"{path}:{number}"
-                raise UserError(f"{where}: not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})") from None
-            if number == 1:
-                line = line.removeprefix("\ufeff")
-            yield line.removesuffix("\n").removesuffix("\r")
+    return text_lines(open(path, "rb"), str(path))
 
 
 def read_parallel(src: Path, tgt: Path) -> Iterator[Pair]:

@@ -27,7 +27,7 @@ import torch
 
 from translate.checkpoint import load_model
 from translate.config import Config
-from translate.errors import UserError, check_output_path, is_out_of_memory
+from translate.errors import UserError, check_output_path, is_out_of_memory, text_lines
 from translate.model import EOS, PAD, Transformer
 from translate.search import beam_search
 from translate.tokenizer import Tokenizer
@@ -223,13 +223,13 @@ def read_lines(path: str | Path = "-") -> Iterator[str]:
     A missing file or undecodable bytes raise UserError naming the file (and line).
     """
     if str(path) == "-":
-        return _decode_lines(_stdin(), "<stdin>")
+        return text_lines(_stdin(), "<stdin>")
     path = Path(path)
     if not path.exists():
         raise UserError(f"input file not found: {path}")
     if path.is_dir():
         raise UserError(f"input {path} is a directory; give a text file")
-    return _decode_lines(path.open("rb"), str(path))
+    return text_lines(path.open("rb"), str(path))
 
 
 def _stdin() -> IO[bytes]:
@@ -239,18 +239,6 @@ def _stdin() -> IO[bytes]:
         return open(os.dup(sys.stdin.fileno()), "rb")
     except (AttributeError, OSError, ValueError):  # no real descriptor (e.g. replaced by a test)
         return sys.stdin.buffer
-
-
-def _decode_lines(f: IO[bytes], name: str) -> Iterator[str]:
-    with f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise UserError(f"{name}: line {number}: not valid UTF-8 (byte {e.start + 1} of the line)") from None
-            if number == 1:
-                line = line.removeprefix("\ufeff")
-            yield line.rstrip("\r\n")
 
 
 def format_translation(index: int, translation: Translation, nbest_format: Literal["text", "tsv"]) -> str:
