@@ -498,7 +498,7 @@ class Trainer:
                         window["updates"] += 1
                     if p.step % t.log_every == 0 and window["updates"]:
                         window_start = self._log_train(window, window_start, bar)
-                    evaluated = p.step % t.eval_every == 0 and finite
+                    evaluated = (p.step % t.eval_every == 0 or p.step >= t.max_steps) and finite
                     best, pause = False, time.perf_counter()
                     if evaluated:
                         metrics = self.validate()
