@@ -494,6 +494,15 @@ def test_train_into_a_used_run(cli, run_copy):
     assert not changed(before)
 
 
+def test_resume_with_other_data_settings_changes_nothing(cli, run_copy):
+    """Refused before the data would be prepared again for the new settings."""
+    copy, options = run_copy
+    before = snapshot(copy / "checkpoints", copy / "data", copy / "spm.model", copy / "config.yaml")
+    code, _, err = cli("train", *options, "--set", "vocab.size=200", "--resume")
+    assert_one_error(code, err, "cannot resume", "vocab.size", "last.pt")
+    assert not changed(before)
+
+
 def test_disk_full_while_saving_keeps_the_last_checkpoint(cli, run_copy, monkeypatch):
     copy, options = run_copy
     before, names = snapshot(copy / "checkpoints"), sorted(os.listdir(copy / "checkpoints"))

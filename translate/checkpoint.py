@@ -8,10 +8,11 @@ A checkpoint is a dict saved with `torch.save`:
     vocab_size    size of the SentencePiece vocabulary
     spm_model     the SentencePiece model's bytes
     model         model weights (state_dict)
-    step, epoch, batch_index       where training stands (the next batch to read)
+    step, epoch   where training stands (for `translate info`)
+    progress      update count, epoch, position of the next batch, best score and its step,
+                  evaluations without improvement, skipped updates
     optimizer, scheduler, scaler   training state (absent in averaged checkpoints)
-    rng           python, numpy, torch (and cuda) random states
-    best          best validation score so far, its step, evaluations without improvement
+    rng           python, numpy, torch (and cuda) random states, one per process
     metrics       the last validation scores
 
 `translate decode CKPT` needs nothing else. Loading uses `weights_only=True`: a checkpoint

@@ -184,9 +184,10 @@ class Trainer:
         if self.main:
             self.run.mkdir(parents=True, exist_ok=True)
             self.lock = RunLock(self.run)
-            self._check_run_dir(resume)
+            resumed = self._check_run_dir(resume)  # before prepare(): a refused resume changes nothing
             prepare(cfg)
         else:
+            resumed = None
             while not is_prepared(cfg):
                 time.sleep(1)
         if self.distributed:
@@ -210,7 +211,7 @@ class Trainer:
         self.progress = Progress()
         last = self.ckpt_dir / "last.pt"
         if resume and last.is_file():
-            self._restore(load_checkpoint(last))
+            self._restore(resumed or load_checkpoint(last))
         elif resume and self.main:
             log.info(f"--resume: {last} does not exist yet, starting from step 0")
 
@@ -233,7 +234,9 @@ class Trainer:
                 f"{len(self.train_data):,} train pairs"
             )
 
-    def _check_run_dir(self, resume: bool) -> None:
+    def _check_run_dir(self, resume: bool) -> dict[str, Any] | None:
+        """Refuse to train over an earlier run without --resume; with it, return last.pt (if any)
+        once its model, vocabulary and data settings are found to be those of the config."""
         earlier = step_checkpoints(self.ckpt_dir) + [
             p for p in (self.ckpt_dir / "last.pt", self.run / "tb") if p.exists()
         ]
@@ -242,8 +245,14 @@ class Trainer:
                 f"{self.run} already holds a training run ({earlier[0]}): add --resume to continue it, "
                 f"or train under another name (--set name=...)"
             )
+        last = self.ckpt_dir / "last.pt"
+        if not (resume and last.is_file()):
+            return None
+        ckpt = load_checkpoint(last)
+        self._check_same_setup(ckpt)
+        return ckpt
 
-    def _restore(self, ckpt: dict[str, Any]) -> None:
+    def _check_same_setup(self, ckpt: dict[str, Any]) -> None:
         saved = ckpt["config"]
         now = config_to_dict(self.cfg)
         for section in ("model", "vocab", "data"):
@@ -253,6 +262,9 @@ class Trainer:
                         f"cannot resume: {section}.{key} is {now[section].get(key)!r} here but "
                         f"{value!r} in {self.ckpt_dir / 'last.pt'}"
                     )
+
+    def _restore(self, ckpt: dict[str, Any]) -> None:
+        self._check_same_setup(ckpt)
         if ckpt["spm_model"] != self.tokenizer.model_bytes:
             raise UserError(
                 f"cannot resume: {self.run / 'spm.model'} is not the vocabulary the checkpoint was trained with"
