@@ -531,3 +531,20 @@ def test_out_of_memory_while_training_names_the_settings(cli, run_copy, monkeypa
     code, _, err = cli("train", *options, "--resume")
     assert_one_error(code, err, "out of memory", "step 8", "lower train.max_tokens", "train.accumulate", logs=True)
     assert not changed(before)
+
+
+def test_atomic_write_lands_whole_or_not_at_all(tmp_path):
+    from translate.errors import atomic_write
+
+    target = tmp_path / "out.txt"
+    target.write_text("before\n")
+    with pytest.raises(RuntimeError), atomic_write(target) as f:
+        f.write("half")
+        raise RuntimeError("failed midway")
+    assert target.read_text() == "before\n" and os.listdir(tmp_path) == ["out.txt"]
+    with atomic_write(target) as f:
+        f.write("after\n")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert target.read_text() == "after\n" and os.listdir(tmp_path) == ["out.txt"]
+    assert target.stat().st_mode & 0o777 == 0o666 & ~mask  # as a new file would be, not mkstemp's 0600

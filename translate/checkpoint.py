@@ -21,12 +21,12 @@ can hold no code.
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import platform
 import random
 import re
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ import torch
 
 import translate
 from translate.config import Config, config_from_dict
-from translate.errors import UserError, is_disk_full
+from translate.errors import UserError, atomic_write, is_disk_full
 from translate.model import Transformer
 from translate.tokenizer import Tokenizer
 
@@ -65,17 +65,11 @@ def atomic_save(obj: Any, path: str | Path) -> None:
         why = "is not a directory" if path.parent.exists() else "does not exist"
         raise UserError(f"cannot save {path}: directory {path.parent} {why}")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:
-        raise UserError(f"cannot save {path}: {e.strerror} in {path.parent}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
+        with atomic_write(path, "wb") as f:
             torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise UserError(f"cannot save {path}: {e.strerror} in {path.parent}") from None
         if is_disk_full(e):
             kept = f"the previous {path.name} is intact" if path.exists() else "the files saved before are intact"
             raise UserError(f"disk full while saving {path}: nothing was written and {kept}; free some space") from None

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import errno
 import os
+import tempfile
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -85,3 +87,25 @@ def text_lines(f: IO[bytes], name: str) -> Iterator[str]:
             if number == 1:
                 line = line.removeprefix("\ufeff")
             yield line.removesuffix("\n").removesuffix("\r")
+
+
+@contextmanager
+def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
+    """A file object for `path` that lands there only if the block succeeds: it writes a temporary
+    file in the same directory, fsyncs it, gives it the permissions a new file would get (the
+    umask's), and renames it over `path`; on any error the temporary file is removed and the
+    file that was at `path` is left as it was."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": "\n"})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

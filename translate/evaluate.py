@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
 
-from translate.errors import UserError, check_output_path, text_lines
+from translate.errors import UserError, atomic_write, check_output_path, text_lines
 
 
 def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
@@ -57,12 +55,5 @@ def read_lines(path: str | Path, what: str) -> list[str]:
 def write_json(scores: dict[str, Any], path: str | Path) -> None:
     """Write the scores as JSON: to a temporary file renamed at the end, never half-written."""
     path = check_output_path(path, "--json")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(scores, indent=2, ensure_ascii=False) + "\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path) as f:
+        f.write(json.dumps(scores, indent=2, ensure_ascii=False) + "\n")

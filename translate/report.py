@@ -13,15 +13,13 @@ from __future__ import annotations
 import bisect
 import difflib
 import html
-import os
 import re
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from sacrebleu.metrics import CHRF
 
-from translate.errors import UserError
+from translate.errors import UserError, atomic_write
 from translate.evaluate import score
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; base-uri 'none'"
@@ -274,17 +272,8 @@ def write_report(path: str | Path, page: str) -> None:
     """Write the page atomically: a temporary file in the same directory, renamed at the end."""
     path = Path(path)
     check_report_path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(page)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path) as f:
+        f.write(page)
 
 
 _CSS = """

@@ -15,7 +15,6 @@ import itertools
 import os
 import queue
 import sys
-import tempfile
 import threading
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -27,7 +26,7 @@ import torch
 
 from translate.checkpoint import load_model
 from translate.config import Config
-from translate.errors import UserError, check_output_path, is_out_of_memory, text_lines
+from translate.errors import UserError, atomic_write, check_output_path, is_out_of_memory, text_lines
 from translate.model import EOS, PAD, Transformer
 from translate.search import beam_search
 from translate.tokenizer import Tokenizer
@@ -272,24 +271,8 @@ def write_translations(
     if not path.parent.is_dir():
         raise UserError(f"output directory not found: {path.parent}")
     check_output_path(path, "--output")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            count = _write(translations, f, nbest_format, flush=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return count
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    with atomic_write(path) as f:
+        return _write(translations, f, nbest_format, flush=False)
 
 
 def _write(translations: Iterable[Translation], f: IO[str], nbest_format: Literal["text", "tsv"], flush: bool) -> int:
