@@ -197,7 +197,7 @@ def test_read_lines(tmp_path):
     path.write_bytes(b"good\nbad \xff here\n")
     lines = read_lines(path)
     assert next(lines) == "good"
-    with pytest.raises(UserError, match=r"in\.en: line 2"):
+    with pytest.raises(UserError, match=r"in\.en:2: not UTF-8"):
         next(lines)
     with pytest.raises(UserError, match="not found"):
         read_lines(tmp_path / "missing.en")
