@@ -414,6 +414,27 @@ def test_ctrl_c_while_reading_stdin_is_one_line(trained_run):
     p.stdin.close()
 
 
+@pytest.mark.skipif(not (sys.platform == "linux" and os.uname().machine == "x86_64"), reason="tgkill of x86-64 Linux")
+def test_ctrl_c_delivered_to_the_reader_thread_still_stops(trained_run):
+    """The kernel may hand SIGINT to any thread; when the one blocked reading stdin gets it, the
+    main thread must still notice (it once waited forever)."""
+    import ctypes
+    import time
+
+    p = start_decode(trained_run[0] / "checkpoints" / "best.pt")
+    p.stdin.write(b"Hello.\n")
+    p.stdin.flush()
+    assert p.stdout.readline()
+    time.sleep(0.3)
+    tasks = [int(t) for t in os.listdir(f"/proc/{p.pid}/task") if int(t) != p.pid]
+    blocked_in_read = [t for t in tasks if Path(f"/proc/{p.pid}/task/{t}/syscall").read_text().split()[0] == "0"]
+    assert blocked_in_read, "no thread of decode is waiting on stdin"
+    ctypes.CDLL(None).syscall(234, p.pid, blocked_in_read[0], signal.SIGINT)  # tgkill(pid, tid, SIGINT)
+    assert p.wait(timeout=60) == 130
+    assert p.stderr.read().decode().strip() == "interrupted"
+    p.stdin.close()
+
+
 def test_reader_of_stdout_gone_is_a_quiet_exit(trained_run):
     """`translate decode CKPT | head -1` at a terminal: no traceback when head exits."""
     p = start_decode(trained_run[0] / "checkpoints" / "best.pt")

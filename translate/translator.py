@@ -114,7 +114,7 @@ def arrived_chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
     threading.Thread(target=reader, daemon=True, name="translate-reader").start()
     try:
         while True:
-            item = q.get()  # wait for one line, then take what is already there
+            item = _wait(q)  # wait for one line, then take what is already there
             chunk: list[str] = []
             while item is not _END and not isinstance(item, BaseException):
                 chunk.append(item)  # type: ignore[arg-type]
@@ -134,6 +134,16 @@ def arrived_chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
                 raise item
     finally:
         stop.set()
+
+
+def _wait(q: queue.Queue) -> object:
+    """q.get() in short waits: Ctrl-C may be delivered to another thread (the blocked reader, a
+    torch worker), and an endless wait would never see it; between waits Python handles it."""
+    while True:
+        try:
+            return q.get(timeout=0.2)
+        except queue.Empty:
+            continue
 
 
 def encode_sources(tokenizer: Tokenizer, lines: list[str], max_pieces: int) -> list[list[int] | None]:
