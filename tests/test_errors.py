@@ -393,14 +393,19 @@ def test_out_of_memory_while_decoding_names_the_setting(cli, trained_run, files,
 
 
 def start_decode(ckpt: Path) -> subprocess.Popen:
-    """`translate decode CKPT` reading a stdin that stays open, as at a terminal."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "translate", "decode", str(ckpt), "--beam", "1"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    """`translate decode CKPT` reading a stdin that stays open, as at a terminal. Its SIGINT is the
+    default one even when this process ignores it (a background job does), as at a terminal."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # handlers, unlike SIG_IGN, reset at exec
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "translate", "decode", str(ckpt), "--beam", "1"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_ctrl_c_while_reading_stdin_is_one_line(trained_run):
