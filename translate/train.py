@@ -51,22 +51,12 @@ from translate.model import PAD, Transformer, count_parameters
 from translate.plot import attention_figure, attention_maps, figure_to_array, heads_figure, sample_indices
 from translate.report import sentence_chrf
 from translate.tokenizer import Tokenizer
-from translate.translator import translate_lines
+from translate.translator import resolve_device, translate_lines
 
 log = logging.getLogger("translate")
 
 
 # ---------------------------------------------------------------------------- set-up
-
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    if name == "auto":
-        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise UserError(f"train.device is '{name}' but no CUDA GPU is available (use device: auto or cpu)")
-        return torch.device(name if ":" in name else f"cuda:{local_rank}")
-    return torch.device("cpu")
 
 
 def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
@@ -176,7 +166,7 @@ class Trainer:
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.main = self.rank == 0
-        self.device = resolve_device(cfg.train.device, self.local_rank)
+        self.device = resolve_device(cfg.train.device, "train.device", self.local_rank)
         self.amp = amp_dtype(cfg.train.amp, self.device)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)

@@ -297,15 +297,16 @@ def _write(translations: Iterable[Translation], f: IO[str], nbest_format: Litera
 # ---------------------------------------------------------------------------- checkpoints in (the CLI's calls)
 
 
-def resolve_device(name: str) -> torch.device:
-    """auto | cpu | cuda | cuda:N -> a device; asking for CUDA without a GPU is a UserError."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {name}: no CUDA GPU is available (use auto or cpu)")
-    if name != "cpu" and not name.startswith("cuda"):
-        raise UserError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}")
-    return torch.device(name)
+def resolve_device(name: str, setting: str = "--device", local_rank: int = 0) -> torch.device:
+    """auto | cpu | cuda | cuda:N -> a device (auto and cuda: GPU `local_rank`); asking for CUDA
+    without a GPU is a UserError naming `setting` (the flag or config key the name came from)."""
+    if name != "auto" and name != "cpu" and not name.startswith("cuda"):
+        raise UserError(f"{setting} must be auto, cpu, cuda or cuda:N, got {name!r}")
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UserError(f"{setting} {name}: no CUDA GPU is available (use auto or cpu)")
+    return torch.device(name if ":" in name else f"cuda:{local_rank}")
 
 
 def load_models(
