@@ -22,7 +22,7 @@ repeats of:
   with `generate` (greedy; beam with its own length penalty and stopping rule, so a few
   beam outputs differ); the share of outputs equal to ours is printed.
 Timing covers the search only (tokenization and detokenization are left out), in fp32 unless
---quantize int8 (ours only; HF stays fp32) or --dtype bf16 (ours and HF's weights in bf16).
+--quantize int8.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import torch
 from translate.checkpoint import load_model
 from translate.model import BOS, EOS, PAD, Transformer
 from translate.search import beam_search, max_output_lengths
-from translate.translator import DTYPES, encode_sources, for_inference, pad_batch, token_batches
+from translate.translator import encode_sources, for_inference, pad_batch, token_batches
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -52,9 +52,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     p.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantization of the linear layers")
-    p.add_argument(
-        "--dtype", choices=["fp32", "bf16"], default="fp32", help="precision of ours and HF's (bf16: AVX-512 BF16 CPUs)"
-    )
     p.add_argument("--vs-nocache", action="store_true", help="also the no-cache search, interleaved")
     p.add_argument("--vs-hf", action="store_true", help="also HF transformers' generate, interleaved")
     return p.parse_args(argv)
@@ -214,27 +211,23 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer, cfg = load_model(args.checkpoint)
     batches = read_batches(args, model, tokenizer, cfg)
     n = sum(b.size(0) for b in batches)
-    if args.dtype != "fp32" and args.quantize:
-        sys.exit("error: give --dtype or --quantize, not both")
-    hf = None
-    if args.vs_hf:  # built before ours is cast in place
-        try:
-            hf = hf_marian(model).to(DTYPES[args.dtype])
-        except ImportError:
-            sys.exit("error: --vs-hf needs HF transformers, which is not installed (pip install transformers)")
-    fast = for_inference(model, dtype=args.dtype, quantize=args.quantize)
+    fast = for_inference(model, quantize=args.quantize)
     runs = [Run("greedy", ours([fast], 1, cfg)), Run(f"beam {args.beam}", ours([fast], args.beam, cfg))]
     if args.vs_nocache:
         runs += [Run("greedy no-cache", ours([fast], 1, cfg, False))]
         runs += [Run(f"beam {args.beam} no-cache", ours([fast], args.beam, cfg, False))]
-    if hf is not None:
+    if args.vs_hf:
+        try:
+            hf = hf_marian(model)
+        except ImportError:
+            sys.exit("error: --vs-hf needs HF transformers, which is not installed (pip install transformers)")
         runs += [
             Run("HF greedy", hf_generate(hf, 1, cfg)),
             Run(f"HF beam {args.beam}", hf_generate(hf, args.beam, cfg)),
         ]
     print(
         f"{args.checkpoint}: {n} sentences, {len(batches)} batches, {torch.get_num_threads()} threads, "
-        f"torch {torch.__version__}, {args.quantize or args.dtype}, pid {os.getpid()}"
+        f"torch {torch.__version__}, {'int8' if args.quantize else 'fp32'}, pid {os.getpid()}"
     )
     warm = [b[:4] for b in batches[-1:]]
     for run in runs:

@@ -42,16 +42,6 @@ def test_bench_int8_and_token_budget(bench, trained_run, capsys):
     assert "5 sentences, 1 batches" in out and "int8" in out
 
 
-def test_bench_bf16(bench, trained_run, capsys):
-    run, _ = trained_run
-    ckpt = str(run / "checkpoints" / "best.pt")
-    bench.main([ckpt, "--sentences", "4", "--batch-sentences", "2", "--beam", "2", "--repeats", "1", "--dtype", "bf16"])
-    out = capsys.readouterr().out
-    assert "4 sentences, 2 batches" in out and "bf16" in out
-    with pytest.raises(SystemExit, match="not both"):
-        bench.main([ckpt, "--dtype", "bf16", "--quantize", "int8"])
-
-
 def test_bench_says_what_is_missing(bench, tmp_path, monkeypatch, trained_run):
     with pytest.raises(SystemExit, match="checkpoint not found"):
         bench.main([str(tmp_path / "none.pt")])
