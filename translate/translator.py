@@ -277,10 +277,7 @@ def write_translations(
         raise UserError(f"n-best format must be 'text' or 'tsv', got {nbest_format!r}")
     if str(output) == "-":
         return _write(translations, sys.stdout, nbest_format, flush=True)
-    path = Path(output)
-    if not path.parent.is_dir():
-        raise UserError(f"output directory not found: {path.parent}")
-    check_output_path(path, "--output")
+    path = check_output_path(output, "--output")
     with atomic_write(path) as f:
         return _write(translations, f, nbest_format, flush=False)
 
