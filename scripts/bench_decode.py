@@ -6,8 +6,9 @@
     python scripts/bench_decode.py CKPT --batch-sentences 0         # the checkpoint's token budget instead
 
 It decodes the first --sentences lines of --src (default: the run's data/test.en), sorted by
-length into batches of --batch-sentences sentences (64, the reference setting; 0 = the
-checkpoint's decode.batch_tokens budget, as `translate decode` does), greedy and with beam
+length into batches of --batch-sentences sentences (64, the reference setting; 0 = a token
+budget, --batch-tokens or the checkpoint's decode.batch_tokens, batched for each beam size as
+`translate decode` does: greedy gets about --beam times more sentences a batch), greedy and with beam
 --beam, with the checkpoint's length penalty and max length a*src+b. The runs take turns,
 repeat after repeat, so that a busy machine slows them alike; it prints the median over the
 repeats of:
@@ -47,7 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("checkpoint", nargs="?", default="runs/bible/checkpoints/best.pt")
     p.add_argument("--src", help="English source file (default: RUN/data/test.en of the checkpoint's run)")
     p.add_argument("--sentences", type=int, default=500, help="first N non-blank lines")
-    p.add_argument("--batch-sentences", type=int, default=64, help="sentences per batch; 0 = decode.batch_tokens")
+    p.add_argument("--batch-sentences", type=int, default=64, help="sentences per batch; 0 = a token budget")
+    p.add_argument("--batch-tokens", type=int, help="the token budget (default: the checkpoint's decode.batch_tokens)")
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
@@ -57,8 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def read_batches(args: argparse.Namespace, model: Transformer, tokenizer, cfg) -> list[torch.Tensor]:
-    """The first --sentences non-blank source lines as padded id batches (B, S), longest first."""
+def read_batches(args: argparse.Namespace, model: Transformer, tokenizer, cfg, beam: int) -> list[torch.Tensor]:
+    """The first --sentences non-blank source lines as padded id batches (B, S), longest first
+    (with --batch-sentences 0, batched for this beam size as `translate decode` would)."""
     src = Path(args.src) if args.src else Path(args.checkpoint).resolve().parent.parent / "data" / "test.en"
     if not src.is_file():
         sys.exit(f"error: source file not found: {src} (give --src)")
@@ -68,7 +71,7 @@ def read_batches(args: argparse.Namespace, model: Transformer, tokenizer, cfg) -
         order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
         groups = [order[i : i + args.batch_sentences] for i in range(0, len(order), args.batch_sentences)]
     else:
-        groups = token_batches([len(s) for s in sources], cfg.decode.batch_tokens, args.beam)
+        groups = token_batches([len(s) for s in sources], args.batch_tokens or cfg.decode.batch_tokens, beam)
     return [pad_batch([sources[i] for i in group], torch.device("cpu")) for group in groups]
 
 
@@ -93,18 +96,18 @@ def peak_rss_mb() -> float:
 
 
 class Run:
-    """One system under test: a name and a function from batches to 1-best token lists."""
+    """One system under test: a name, its batches and a function from batches to 1-best token lists."""
 
-    def __init__(self, name: str, decode) -> None:
-        self.name, self.decode = name, decode
+    def __init__(self, name: str, decode, batches: list[torch.Tensor]) -> None:
+        self.name, self.decode, self.batches = name, decode, batches
         self.seconds: list[float] = []
         self.peaks: list[float] = []
         self.outputs: list[list[int]] = []
 
-    def once(self, batches: list[torch.Tensor]) -> None:
+    def once(self) -> None:
         reset_peak_rss()
         start = time.perf_counter()
-        self.outputs = self.decode(batches)
+        self.outputs = self.decode(self.batches)
         self.seconds.append(time.perf_counter() - start)
         self.peaks.append(peak_rss_mb())
 
@@ -209,32 +212,33 @@ def main(argv: list[str] | None = None) -> None:
     if not Path(args.checkpoint).is_file():
         sys.exit(f"error: checkpoint not found: {args.checkpoint} (train one: make train)")
     model, tokenizer, cfg = load_model(args.checkpoint)
-    batches = read_batches(args, model, tokenizer, cfg)
-    n = sum(b.size(0) for b in batches)
+    greedy, beam = (read_batches(args, model, tokenizer, cfg, b) for b in (1, args.beam))
+    n = sum(b.size(0) for b in beam)
     fast = for_inference(model, quantize=args.quantize)
-    runs = [Run("greedy", ours([fast], 1, cfg)), Run(f"beam {args.beam}", ours([fast], args.beam, cfg))]
+    runs = [Run("greedy", ours([fast], 1, cfg), greedy), Run(f"beam {args.beam}", ours([fast], args.beam, cfg), beam)]
     if args.vs_nocache:
-        runs += [Run("greedy no-cache", ours([fast], 1, cfg, False))]
-        runs += [Run(f"beam {args.beam} no-cache", ours([fast], args.beam, cfg, False))]
+        runs += [Run("greedy no-cache", ours([fast], 1, cfg, False), greedy)]
+        runs += [Run(f"beam {args.beam} no-cache", ours([fast], args.beam, cfg, False), beam)]
     if args.vs_hf:
         try:
             hf = hf_marian(model)
         except ImportError:
             sys.exit("error: --vs-hf needs HF transformers, which is not installed (pip install transformers)")
         runs += [
-            Run("HF greedy", hf_generate(hf, 1, cfg)),
-            Run(f"HF beam {args.beam}", hf_generate(hf, args.beam, cfg)),
+            Run("HF greedy", hf_generate(hf, 1, cfg), greedy),
+            Run(f"HF beam {args.beam}", hf_generate(hf, args.beam, cfg), beam),
         ]
     print(
-        f"{args.checkpoint}: {n} sentences, {len(batches)} batches, {torch.get_num_threads()} threads, "
+        f"{args.checkpoint}: {n} sentences, {len(greedy)} greedy / {len(beam)} beam batches, "
+        f"{torch.get_num_threads()} threads, "
         f"torch {torch.__version__}, {'int8' if args.quantize else 'fp32'}, pid {os.getpid()}"
     )
-    warm = [b[:4] for b in batches[-1:]]
+    warm = [b[:4] for b in beam[-1:]]
     for run in runs:
         run.decode(warm)
     for _ in range(args.repeats):
         for run in runs:
-            run.once(batches)
+            run.once()
     print(f"{'':<18} {'sent/s':>10} {'tok/s':>10} {'seconds':>9} {'peak MB':>9}   (median of {args.repeats})")
     for run in runs:
         print(run.row(n))

@@ -25,7 +25,7 @@ def test_bench_runs_and_cached_equals_no_cache(bench, trained_run, capsys):
     args = ["--sentences", "6", "--batch-sentences", "4", "--beam", "3", "--repeats", "1", "--vs-nocache"]
     bench.main([str(run / "checkpoints" / "best.pt"), *args])
     out = capsys.readouterr().out
-    assert "6 sentences, 2 batches" in out  # the run's data/test.en by default
+    assert "6 sentences, 2 greedy / 2 beam batches" in out  # the run's data/test.en by default
     for name in ("greedy", "beam 3", "greedy no-cache", "beam 3 no-cache"):
         row = next(line for line in out.splitlines() if line.startswith(name + " "))
         sent_s, tok_s, seconds, peak_mb = map(float, row[len(name) :].split())
@@ -39,7 +39,7 @@ def test_bench_int8_and_token_budget(bench, trained_run, capsys):
     args = ["--sentences", "5", "--batch-sentences", "0", "--repeats", "1", "--quantize", "int8"]
     bench.main([str(run / "checkpoints" / "best.pt"), *args])
     out = capsys.readouterr().out
-    assert "5 sentences, 1 batches" in out and "int8" in out
+    assert "5 sentences, 1 greedy / 1 beam batches" in out and "int8" in out
 
 
 def test_bench_says_what_is_missing(bench, tmp_path, monkeypatch, trained_run):

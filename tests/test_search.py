@@ -316,6 +316,26 @@ def test_batch_equals_one_sentence_at_a_time(model, src, beam_size):
         assert_same(hyps, alone[0])
 
 
+def test_encoding_by_length_groups_equals_one_pass(model, src):
+    """Groups of similar length, each cut to its longest source: the memory of every real source
+    position is the one-pass memory, and the padding columns stay masked."""
+    with torch.inference_mode():
+        memory, mask = model.encode(src)
+        grouped, grouped_mask = search.encode_by_length(model, src, rows=2)
+    assert torch.equal(grouped_mask, mask)
+    real = mask[:, 0, 0]
+    torch.testing.assert_close(grouped[real], memory[real], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_search_same_when_encoded_by_length_groups(model, src, monkeypatch, beam_size):
+    whole = beam_search([model], src, beam_size, 0.6, 1.0, 5, nbest=beam_size)
+    monkeypatch.setattr(search, "ENCODE_ROWS", 2)
+    grouped = beam_search([model], src, beam_size, 0.6, 1.0, 5, nbest=beam_size)
+    for a, b in zip(grouped, whole, strict=True):
+        assert_same(a, b)
+
+
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_max_length_respected(src, beam_size):
     never_ends = tiny_model(eos_bias=-1e4)

@@ -11,8 +11,8 @@ the source's pieces (no EOS, no padding); a hypothesis that reaches it without E
 Scores: `log_prob` is the sum of the token log-probs (EOS included when generated); `score` is
 log_prob / lp with the GNMT length penalty lp = ((5 + len) / 6) ** alpha, len counting EOS.
 
-The pieces, each small and tested on its own: `Ensemble` (the models behind one step
-function), `gnmt_length_penalty`, `max_output_lengths`, `top_candidates` (top-n over beam x vocab
+The pieces, each small and tested on its own: `encode_by_length` (the encoder over groups of
+similar length), `Ensemble` (the models behind one step function), `gnmt_length_penalty`, `max_output_lengths`, `top_candidates` (top-n over beam x vocab
 per sentence, from each beam's own top-n), `split_candidates` (which finish, which go on),
 `Finished` (the k best finished hypotheses per sentence, as tensors), `open_bound` (the best
 score an open hypothesis can still reach), then the two loops `greedy_search` and `beam_search`
@@ -36,6 +36,7 @@ from translate.model import BOS, EOS, PAD
 
 NEG_INF = float("-inf")
 COMPACT_SHARE = 0.25  # greedy: drop finished rows from the batch once this share of its rows has finished
+ENCODE_ROWS = 64  # the encoder runs over groups of this many sentences of similar length
 
 
 @dataclass
@@ -60,6 +61,27 @@ class PrefixState:
         return PrefixState(self.memory[index], self.src_mask[index], self.prefix[index])
 
 
+def encode_by_length(model: Any, src: torch.Tensor, rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """model.encode(src) over groups of `rows` (default ENCODE_ROWS) sentences of similar length,
+    each group cut to its longest source, so that a large batch of mixed lengths pays for little
+    padding (the encoder's cost grows with the padded width; the decoder then takes rows by the
+    hundred). src (B, S) right-padded -> memory (B, S, D), zero past each group's width where the
+    source mask is False anyway, and src_mask (B, 1, 1, S)."""
+    rows = rows or ENCODE_ROWS
+    if src.size(0) <= rows:
+        return model.encode(src)
+    src_mask = (src != PAD)[:, None, None, :]
+    lengths = src_mask[:, 0, 0].sum(dim=1)  # (B,)
+    memory = None
+    for group in lengths.argsort(descending=True, stable=True).split(rows):
+        width = max(1, int(lengths[group[0]]))
+        part, _ = model.encode(src[group, :width])  # (rows, width, D)
+        if memory is None:
+            memory = part.new_zeros(src.size(0), src.size(1), part.size(2))
+        memory[group, :width] = part
+    return memory, src_mask
+
+
 class Ensemble:
     """One or more models behind one step function; it holds each model's decoder state.
 
@@ -80,7 +102,7 @@ class Ensemble:
         """Encode src (B, S) once per model; the states get one row per sentence."""
         self.states = []
         for model in self.models:
-            memory, src_mask = model.encode(src)
+            memory, src_mask = encode_by_length(model, src)
             if self.use_cache:
                 self.states.append(model.init_state(memory, src_mask))
             else:
