@@ -12,8 +12,9 @@ Scores: `log_prob` is the sum of the token log-probs (EOS included when generate
 log_prob / lp with the GNMT length penalty lp = ((5 + len) / 6) ** alpha, len counting EOS.
 
 The pieces, each small and tested on its own: `encode_by_length` (the encoder over groups of
-similar length), `Ensemble` (the models behind one step function), `gnmt_length_penalty`, `max_output_lengths`, `top_candidates` (top-n over beam x vocab
-per sentence, from each beam's own top-n), `split_candidates` (which finish, which go on),
+similar length), `Ensemble` (the models behind one step function), `gnmt_length_penalty`,
+`max_output_lengths`, `top_candidates` (top-n over beam x vocab per sentence, from each beam's
+own top-n), `split_candidates` (which finish, which go on),
 `Finished` (the k best finished hypotheses per sentence, as tensors), `open_bound` (the best
 score an open hypothesis can still reach), then the two loops `greedy_search` and `beam_search`
 (both under torch.inference_mode; beam_size 1 is greedy). An ensemble averages the models'
