@@ -49,7 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--src", help="English source file (default: RUN/data/test.en of the checkpoint's run)")
     p.add_argument("--sentences", type=int, default=500, help="first N non-blank lines")
     p.add_argument("--batch-sentences", type=int, default=64, help="sentences per batch; 0 = a token budget")
-    p.add_argument("--batch-tokens", type=int, help="the token budget (default: the checkpoint's decode.batch_tokens)")
+    p.add_argument(
+        "--batch-tokens", type=int, help="with --batch-sentences 0: the token budget (default: decode.batch_tokens)"
+    )
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
