@@ -4,12 +4,13 @@
     python scripts/bench_decode.py CKPT --vs-nocache                # + the search recomputing the prefix
     python scripts/bench_decode.py CKPT --vs-hf                     # + HF transformers' generate, same weights
     python scripts/bench_decode.py CKPT --batch-sentences 0         # the checkpoint's token budget instead
+    python scripts/bench_decode.py CKPT --vs-hf --length-penalty 0  # the same beam search as HF's
 
 It decodes the first --sentences lines of --src (default: the run's data/test.en), sorted by
 length into batches of --batch-sentences sentences (64, the reference setting; 0 = a token
 budget, --batch-tokens or the checkpoint's decode.batch_tokens, batched for each beam size as
 `translate decode` does: greedy gets about --beam times more sentences a batch), greedy and with beam
---beam, with the checkpoint's length penalty and max length a*src+b. The runs take turns,
+--beam, with the checkpoint's length penalty (or --length-penalty) and max length a*src+b. The runs take turns,
 repeat after repeat, so that a busy machine slows them alike; it prints the median over the
 repeats of:
 
@@ -20,8 +21,11 @@ repeats of:
   (`use_cache=False`), the speed-ups cached / no-cache, and whether the outputs are the same;
 - with --vs-hf a `transformers` MarianMTModel of the same shape (post-norm, sinusoidal
   positions, shared embeddings) holding this checkpoint's weights, decoding the same batches
-  with `generate` (greedy; beam with its own length penalty and stopping rule, so a few
-  beam outputs differ); the share of outputs equal to ours is printed.
+  with `generate`; the share of outputs equal to ours is printed. Its beam search runs with
+  `early_stopping="never"`, the exact stopping rule ours uses, but divides by len ** alpha
+  where ours uses the GNMT penalty, so with alpha > 0 some beam outputs differ;
+  `--length-penalty 0` makes both searches the same algorithm (sum of log-probs, stop when
+  no open hypothesis can beat the k-th finished one), hence the same outputs.
 Timing covers the search only (tokenization and detokenization are left out), in fp32 unless
 --quantize int8.
 """
@@ -29,6 +33,7 @@ Timing covers the search only (tokenization and detokenization are left out), in
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -53,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--batch-tokens", type=int, help="with --batch-sentences 0: the token budget (default: decode.batch_tokens)"
     )
     p.add_argument("--beam", type=int, default=5)
+    p.add_argument(
+        "--length-penalty", type=float, help="GNMT alpha for every system (default: decode.length_penalty)"
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     p.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantization of the linear layers")
@@ -186,16 +194,37 @@ def hf_marian(model: Transformer):
     return hf
 
 
+class MaxLengths:
+    """An HF logits processor: EOS is the only choice once a row has its sentence's max length
+    a*src+b of pieces, so HF stops each sentence where ours does (the pieces are the same; ours
+    ends there without an EOS, whose forced log-prob here is 0)."""
+
+    def __init__(self, max_lens: torch.Tensor, beam: int) -> None:
+        self.max_lens = max_lens.repeat_interleave(beam)  # (B * beam,) HF keeps a sentence's beams adjacent
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        full = self.max_lens <= input_ids.size(1) - 1  # pieces so far, without the decoder start
+        if full.any():
+            scores = scores.clone()
+            scores[full] = float("-inf")
+            scores[full, EOS] = 0.0
+        return scores
+
+
 def hf_generate(hf, beam: int, cfg):
+    from transformers import LogitsProcessorList
+
+    search = {"length_penalty": cfg.decode.length_penalty, "early_stopping": "never"} if beam > 1 else {}
+
     def decode(batches: list[torch.Tensor]) -> list[list[int]]:
         out = []
         for src in batches:
-            max_new = int(max_output_lengths(src, cfg.decode.max_len_a, cfg.decode.max_len_b).max())
+            max_lens = max_output_lengths(src, cfg.decode.max_len_a, cfg.decode.max_len_b)
             with torch.inference_mode():
                 gen = hf.generate(
                     input_ids=src, attention_mask=src != PAD, num_beams=beam, do_sample=False,
-                    max_new_tokens=max_new, length_penalty=cfg.decode.length_penalty if beam > 1 else 1.0,
-                    suppress_tokens=[PAD, BOS],
+                    max_new_tokens=int(max_lens.max()) + 1, suppress_tokens=[PAD, BOS],
+                    logits_processor=LogitsProcessorList([MaxLengths(max_lens, beam)]), **search,
                 )  # fmt: skip
             for row in gen[:, 1:].tolist():  # without the decoder start
                 out.append(row[: row.index(EOS)] if EOS in row else [t for t in row if t != PAD])
@@ -214,6 +243,8 @@ def main(argv: list[str] | None = None) -> None:
     if not Path(args.checkpoint).is_file():
         sys.exit(f"error: checkpoint not found: {args.checkpoint} (train one: make train)")
     model, tokenizer, cfg = load_model(args.checkpoint)
+    if args.length_penalty is not None:
+        cfg = dataclasses.replace(cfg, decode=dataclasses.replace(cfg.decode, length_penalty=args.length_penalty))
     greedy, beam = (read_batches(args, model, tokenizer, cfg, b) for b in (1, args.beam))
     n = sum(b.size(0) for b in beam)
     fast = for_inference(model, quantize=args.quantize)

@@ -63,3 +63,14 @@ def test_hf_marian_holds_the_same_model(bench, trained_run):
     with torch.no_grad():
         theirs = hf(input_ids=src, attention_mask=src != 0, decoder_input_ids=tgt).logits
         torch.testing.assert_close(theirs, model(src, tgt), atol=1e-5, rtol=1e-5)
+
+
+def test_hf_beam_without_length_penalty_is_the_same_search(bench, trained_run, capsys):
+    """With alpha 0 HF's beam search (early_stopping="never") and ours are one algorithm."""
+    pytest.importorskip("transformers")
+    run, _ = trained_run
+    args = ["--sentences", "6", "--batch-sentences", "3", "--beam", "3", "--repeats", "1", "--vs-hf"]
+    bench.main([str(run / "checkpoints" / "best.pt"), *args, "--length-penalty", "0"])
+    out = capsys.readouterr().out
+    assert "beam 3 ours / HF generate" in out
+    assert out.count("100.0% outputs identical") == 2  # greedy and beam 3
