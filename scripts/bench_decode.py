@@ -58,9 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--batch-tokens", type=int, help="with --batch-sentences 0: the token budget (default: decode.batch_tokens)"
     )
     p.add_argument("--beam", type=int, default=5)
-    p.add_argument(
-        "--length-penalty", type=float, help="GNMT alpha for every system (default: decode.length_penalty)"
-    )
+    p.add_argument("--length-penalty", type=float, help="GNMT alpha for every system (default: decode.length_penalty)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     p.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantization of the linear layers")
