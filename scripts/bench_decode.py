@@ -14,16 +14,19 @@ budget, --batch-tokens or the checkpoint's decode.batch_tokens, batched for each
 repeat after repeat, so that a busy machine slows them alike; it prints the median over the
 repeats of:
 
-- sentences/s and generated tokens/s: tokens are the pieces of each 1-best output (EOS not
-  counted), the same count for every system;
+- sentences/s and generated tokens/s: tokens are the pieces of each system's 1-best outputs
+  (EOS not counted; the same count where the outputs are the same); the speed-ups are ratios of
+  the median seconds;
 - peak RSS of the process during the run (VmHWM, reset before each run);
 - with --vs-nocache the same search re-running the decoder over the whole prefix at every step
   (`use_cache=False`), the speed-ups cached / no-cache, and whether the outputs are the same;
 - with --vs-hf a `transformers` MarianMTModel of the same shape (post-norm, sinusoidal
   positions, shared embeddings) holding this checkpoint's weights, decoding the same batches
-  with `generate`; the share of outputs equal to ours is printed. Its beam search runs with
-  `early_stopping="never"`, the exact stopping rule ours uses, but divides by len ** alpha
-  where ours uses the GNMT penalty, so with alpha > 0 some beam outputs differ;
+  with `generate`, each sentence stopped at its own max length; the share of outputs equal to
+  ours is printed. Its beam search runs with `early_stopping="never"`, the exact stopping rule,
+  but with alpha > 0 it divides by len ** alpha where ours uses the GNMT penalty, and bounds
+  the open hypotheses with the batch's longest limit where ours uses each sentence's, so some
+  beam outputs differ and HF searches a little longer;
   `--length-penalty 0` makes both searches the same algorithm (sum of log-probs, stop when
   no open hypothesis can beat the k-th finished one), hence the same outputs.
 Timing covers the search only (tokenization and detokenization are left out), in fp32 unless
@@ -195,7 +198,8 @@ def hf_marian(model: Transformer):
 class MaxLengths:
     """An HF logits processor: EOS is the only choice once a row has its sentence's max length
     a*src+b of pieces, so HF stops each sentence where ours does (the pieces are the same; ours
-    ends there without an EOS, whose forced log-prob here is 0)."""
+    ends there without an EOS, whose forced log-prob here is 0). Rows with the batch's longest
+    limit are stopped by max_new_tokens instead, so HF takes no extra step for the EOS."""
 
     def __init__(self, max_lens: torch.Tensor, beam: int) -> None:
         self.max_lens = max_lens.repeat_interleave(beam)  # (B * beam,) HF keeps a sentence's beams adjacent
@@ -221,7 +225,7 @@ def hf_generate(hf, beam: int, cfg):
             with torch.inference_mode():
                 gen = hf.generate(
                     input_ids=src, attention_mask=src != PAD, num_beams=beam, do_sample=False,
-                    max_new_tokens=int(max_lens.max()) + 1, suppress_tokens=[PAD, BOS],
+                    max_new_tokens=int(max_lens.max()), suppress_tokens=[PAD, BOS],
                     logits_processor=LogitsProcessorList([MaxLengths(max_lens, beam)]), **search,
                 )  # fmt: skip
             for row in gen[:, 1:].tolist():  # without the decoder start

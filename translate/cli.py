@@ -35,7 +35,11 @@ LenpenOpt = Annotated[
     Optional[float], typer.Option("--lenpen", help="GNMT length penalty alpha. Default: decode.length_penalty.")
 ]
 BatchOpt = Annotated[
-    Optional[int], typer.Option("--batch-tokens", help="Source tokens per batch. Default: decode.batch_tokens.")
+    Optional[int],
+    typer.Option(
+        "--batch-tokens",
+        help="Bound on sentences x beam x longest source (in pieces) per batch. Default: decode.batch_tokens.",
+    ),
 ]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp16 (half precision on CUDA only).")]

@@ -270,7 +270,8 @@ def greedy_search(
 ) -> list[Hypothesis]:
     """The most probable next token at every step, for a batch src (B, S); one hypothesis each.
 
-    A sentence leaves the batch as soon as it emits EOS or reaches its maximum length.
+    A sentence is done as soon as it emits EOS or reaches its maximum length; its row leaves the
+    batch once a quarter of the rows is done (COMPACT_SHARE).
     length_penalty (alpha) only rescales the reported score, as beam search would.
     """
     B = src.size(0)
