@@ -40,13 +40,14 @@ import dataclasses
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from translate.checkpoint import load_model
-from translate.model import BOS, EOS, PAD, Transformer
+from translate.model import BOS, EOS, PAD, UNK, Transformer
 from translate.search import beam_search, max_output_lengths
 from translate.translator import encode_sources, for_inference, pad_batch, token_batches
 
@@ -67,6 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantization of the linear layers")
     p.add_argument("--vs-nocache", action="store_true", help="also the no-cache search, interleaved")
     p.add_argument("--vs-hf", action="store_true", help="also HF transformers' generate, interleaved")
+    p.add_argument("--vs-ct2", action="store_true", help="also CTranslate2 (the C++ engine), interleaved")
     return p.parse_args(argv)
 
 
@@ -235,6 +237,54 @@ def hf_generate(hf, beam: int, cfg):
     return decode
 
 
+# ---------------------------------------------------------------------------- CTranslate2
+
+
+def ct2_translator(hf, threads: int, quantize: str | None, workdir: str):
+    """A CTranslate2 translator holding the weights of `hf` (the MarianMTModel above), converted
+    with CTranslate2's own loader for BART-style models, decoding from our BOS (not Marian's zero
+    embedding). Pieces are named by their ids: the runs exchange ids, not text."""
+    import ctranslate2
+    from ctranslate2.converters.transformers import BartLoader
+
+    hf.config.normalize_before, hf.config.normalize_embedding = False, False
+    spec = BartLoader().get_model_spec(hf)
+    names = {PAD: "<pad>", UNK: "<unk>", BOS: "<s>", EOS: "</s>"}
+    tokens = [names.get(i, str(i)) for i in range(hf.config.vocab_size)]
+    spec.register_source_vocabulary(tokens)
+    spec.register_target_vocabulary(tokens)
+    spec.config.bos_token, spec.config.eos_token, spec.config.unk_token = "<s>", "</s>", "<unk>"
+    spec.config.decoder_start_token = "<s>"
+    spec.validate()
+    spec.optimize(quantization=None)
+    spec.save(workdir)
+    compute = "int8_float32" if quantize == "int8" else "float32"
+    return ctranslate2.Translator(workdir, device="cpu", compute_type=compute, intra_threads=threads), tokens
+
+
+def ct2_translate(translator, tokens: list[str], beam: int, cfg):
+    """CTranslate2's translate_batch on the same batches. Its maximum length is one per batch
+    (the batch's longest a*src+b): a greedy output is cut to its sentence's own limit afterwards
+    (the same pieces ours stops at; CT2 pays for the extra steps), a beam search is not
+    (the limit changes the search). Its length penalty divides by len ** alpha."""
+    ids = {t: i for i, t in enumerate(tokens)}
+
+    def decode(batches: list[torch.Tensor]) -> list[list[int]]:
+        out = []
+        for src in batches:
+            max_lens = max_output_lengths(src, cfg.decode.max_len_a, cfg.decode.max_len_b)
+            source = [[tokens[t] for t in row if t != PAD] for row in src.tolist()]
+            results = translator.translate_batch(
+                source, beam_size=beam, length_penalty=cfg.decode.length_penalty, max_decoding_length=int(max_lens.max()),
+                min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]], max_input_length=0,
+            )  # fmt: skip
+            limits = max_lens.tolist() if beam == 1 else [None] * len(results)
+            out += [[ids[t] for t in r.hypotheses[0]][:m] for r, m in zip(results, limits, strict=True)]
+        return out
+
+    return decode
+
+
 # ---------------------------------------------------------------------------- main
 
 
@@ -262,6 +312,17 @@ def main(argv: list[str] | None = None) -> None:
         runs += [
             Run("HF greedy", hf_generate(hf, 1, cfg), greedy),
             Run(f"HF beam {args.beam}", hf_generate(hf, args.beam, cfg), beam),
+        ]
+    if args.vs_ct2:
+        try:
+            import ctranslate2  # noqa: F401
+        except ImportError:
+            sys.exit("error: --vs-ct2 needs CTranslate2, which is not installed (pip install ctranslate2 transformers)")
+        workdir = tempfile.mkdtemp(prefix="ct2-")
+        translator, tokens = ct2_translator(hf_marian(model), torch.get_num_threads(), args.quantize, workdir)
+        runs += [
+            Run("CT2 greedy", ct2_translate(translator, tokens, 1, cfg), greedy),
+            Run(f"CT2 beam {args.beam}", ct2_translate(translator, tokens, args.beam, cfg), beam),
         ]
     print(
         f"{args.checkpoint}: {n} sentences, {len(greedy)} greedy / {len(beam)} beam batches, "
@@ -296,6 +357,8 @@ def report_ratios(runs: list[Run], beam: int) -> None:
             print(f"{kind} cached / no-cache: {speedup(f'{kind} no-cache', kind)} ({same(kind, f'{kind} no-cache')})")
         if f"HF {kind}" in by:
             print(f"{kind} ours / HF generate: {speedup(f'HF {kind}', kind)} ({same(kind, f'HF {kind}')})")
+        if f"CT2 {kind}" in by:
+            print(f"{kind} ours / CTranslate2: {speedup(f'CT2 {kind}', kind)} ({same(kind, f'CT2 {kind}')})")
 
 
 if __name__ == "__main__":

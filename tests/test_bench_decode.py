@@ -74,3 +74,19 @@ def test_hf_beam_without_length_penalty_is_the_same_search(bench, trained_run, c
     out = capsys.readouterr().out
     assert "beam 3 ours / HF generate" in out
     assert out.count("100.0% outputs identical") == 2  # greedy and beam 3
+
+
+def test_ct2_holds_the_same_model(bench, trained_run, capsys):
+    """CTranslate2 converted from the same weights gives the same greedy outputs (cut to each
+    sentence's limit). Its beam search is not compared here: its one maximum length per batch
+    changes the search of the sentences that reach theirs, which this barely trained model's do."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("ctranslate2")
+    run, _ = trained_run
+    args = ["--sentences", "6", "--batch-sentences", "3", "--beam", "3", "--repeats", "1", "--vs-ct2"]
+    bench.main([str(run / "checkpoints" / "best.pt"), *args, "--length-penalty", "0"])
+    out = capsys.readouterr().out
+    assert "beam 3 ours / CTranslate2" in out
+    assert next(line for line in out.splitlines() if line.startswith("greedy ours / CTranslate2")).endswith(
+        "(100.0% outputs identical)"
+    )

@@ -113,11 +113,11 @@ def test_open_bound_uses_the_largest_reachable_penalty():
 
 def test_finished_keeps_the_k_best():
     fin = Finished(n_sentences=1, k=2, width=4, device=torch.device("cpu"))
-    assert not fin.full().item()
+    assert fin.nth(1).item() == INF
     fin.add(torch.tensor([[-2.0, INF]]), torch.tensor([[-2.0, 0.0]]), 2, torch.tensor([[[5, EOS], [6, 7]]]))
-    assert not fin.full().item()
+    assert fin.nth(1).item() == -2.0 and fin.nth(2).item() == INF
     fin.add(torch.tensor([[-1.0, -3.0]]), torch.tensor([[-1.5, -4.0]]), 3, torch.tensor([[[8, 9, EOS], [8, 8, 8]]]))
-    assert fin.full().item() and fin.worst().item() == -2.0
+    assert fin.nth(1).item() == -1.0 and fin.nth(2).item() == -2.0
     hyps = fin.hypotheses(0, 2)
     assert [h.tokens for h in hyps] == [[8, 9], [5]]  # EOS stripped
     assert [(h.score, h.log_prob) for h in hyps] == [(-1.0, -1.5), (-2.0, -2.0)]

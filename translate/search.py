@@ -228,13 +228,9 @@ class Finished:
         tokens = torch.cat([self.tokens, tokens], dim=1)  # (N, k+c, width)
         self.tokens = tokens.gather(1, pos[:, :, None].expand(-1, -1, self.width))
 
-    def full(self) -> torch.Tensor:
-        """(N,) True where k hypotheses have finished."""
-        return self.scores[:, -1] > NEG_INF
-
-    def worst(self) -> torch.Tensor:
-        """(N,) the k-th best finished score (-inf while fewer than k)."""
-        return self.scores[:, -1]
+    def nth(self, n: int) -> torch.Tensor:
+        """(N,) the n-th best finished score (-inf while fewer than n have finished), n <= k."""
+        return self.scores[:, n - 1]
 
     def select(self, keep: torch.Tensor) -> None:
         """Keep only the sentences `keep` (indices into the active ones)."""
@@ -348,8 +344,9 @@ def beam_search_loop(
     share them (see Transformer.reorder_state). Each step: the 2k best extensions per sentence
     (tensor top-k over beams x vocab); those among the first k that end (EOS or
     max length) join `Finished`, the first k non-EOS ones form the next beam. A sentence is done
-    at its max length, or once it has k finished hypotheses and `open_bound` cannot beat the
-    worst of them; it then leaves the batch (its state rows are dropped).
+    at its max length, or once it has nbest finished hypotheses and `open_bound` cannot beat the
+    nbest-th of them (nothing still open could change its n-best list); it then leaves the batch
+    (its state rows are dropped).
     """
     B, device = src.size(0), src.device
     if B == 0:
@@ -373,7 +370,8 @@ def beam_search_loop(
         scores = cand_scores.gather(1, go_on)  # (N, k)
         rows, tokens = parents.gather(1, go_on).view(-1), cand_tokens.gather(1, go_on).view(-1)
         history = torch.cat([history[rows], tokens[:, None]], dim=1)  # (N*k, t+1)
-        beaten = finished.full() & (open_bound(scores, length, max_lens, alpha) <= finished.worst())
+        nth = finished.nth(nbest)  # (N,) -inf while fewer than nbest have finished
+        beaten = (nth > NEG_INF) & (open_bound(scores, length, max_lens, alpha) <= nth)
         done = (max_lens <= length) | beaten
         keep = torch.arange(N, device=device)  # (N',) the sentences that go on
         if done.any():

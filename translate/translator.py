@@ -11,6 +11,7 @@ are the file ends that the CLI calls.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 import queue
@@ -341,11 +342,36 @@ def check_precision(device: torch.device, dtype: str = "fp32", quantize: str | N
         raise UserError(f"--quantize {quantize} is for CPU; on {device.type} use --dtype bf16 or fp16")
 
 
+class PackedLinear(torch.nn.Module):
+    """An nn.Linear for fp32 inference on CPU whose weight is packed once into oneDNN's blocked
+    layout and multiplied with oneDNN's GEMM (the op torch.compile's CPU backend uses for linear
+    layers). At a decoding step's 64-320 rows it is 1.1-1.8x faster than torch's default
+    (`scripts/bench_decode.py`); results agree with F.linear to float rounding, not bit for bit."""
+
+    def __init__(self, linear: torch.nn.Linear, rows: int = 64) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows)
+        self.bias = None if linear.bias is None else linear.bias.detach().clone()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def can_pack_linear() -> bool:
+    """Whether this torch build has oneDNN's packed fp32 linear (x86 builds usually do)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
 def for_inference(model: Transformer, dtype: str = "fp32", quantize: str | None = None) -> Transformer:
-    """The model cast to `dtype` in place (search keeps its scores in fp32), or with quantize="int8" a copy
-    whose linear layers (output projection included) are dynamically quantized to int8: weights
-    int8, activations quantized per batch (torch.ao.quantization.quantize_dynamic, fbgemm/x86)."""
+    """The model ready to decode. quantize="int8": a copy whose linear layers (output projection
+    included) are dynamically quantized to int8: weights int8, activations quantized per batch
+    (torch.ao.quantization.quantize_dynamic, fbgemm/x86). fp32 on CPU: a copy whose linear layers
+    are `PackedLinear` (where the build has oneDNN). Otherwise the model cast to `dtype` in place
+    (search keeps its scores in fp32)."""
     if quantize is None:
+        if dtype == "fp32" and next(model.parameters()).device.type == "cpu" and can_pack_linear():
+            return pack_linears(model)
         return model.to(DTYPES[dtype])
     with warnings.catch_warnings():
         # torch.ao.quantization is deprecated in favour of torchao, whose int8 path is slower than fp32 on CPU
@@ -359,6 +385,16 @@ def for_inference(model: Transformer, dtype: str = "fp32", quantize: str | None 
                 f"--quantize int8 needs torch.ao.quantization, gone from torch {torch.__version__}"
             ) from None
         return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+
+
+def pack_linears(model: Transformer) -> Transformer:
+    """A copy of the model (fp32, CPU, eval) with every nn.Linear replaced by a PackedLinear."""
+    packed = copy.deepcopy(model).float().eval()
+    for module in list(packed.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                setattr(module, name, PackedLinear(child))
+    return packed
 
 
 def decode_options(
