@@ -5,6 +5,7 @@
     python scripts/bench_decode.py CKPT --vs-hf                     # + HF transformers' generate, same weights
     python scripts/bench_decode.py CKPT --batch-sentences 0         # the checkpoint's token budget instead
     python scripts/bench_decode.py CKPT --vs-hf --length-penalty 0  # the same beam search as HF's
+    python scripts/bench_decode.py CKPT --vs-ct2                    # + CTranslate2, the C++ engine
 
 It decodes the first --sentences lines of --src (default: the run's data/test.en), sorted by
 length into batches of --batch-sentences sentences (64, the reference setting; 0 = a token
@@ -27,8 +28,15 @@ repeats of:
   but with alpha > 0 it divides by len ** alpha where ours uses the GNMT penalty, and bounds
   the open hypotheses with the batch's longest limit where ours uses each sentence's, so some
   beam outputs differ and HF searches a little longer;
-  `--length-penalty 0` makes both searches the same algorithm (sum of log-probs, stop when
-  no open hypothesis can beat the k-th finished one), hence the same outputs.
+  with `--length-penalty 0` both rank by the sum of log-probs and give the same outputs (HF
+  stops once no open hypothesis can beat its k-th finished one, ours once none can beat the
+  best: for a 1-best output the same answer, found sooner);
+- with --vs-ct2 CTranslate2 (`pip install ctranslate2 transformers`), the same weights converted
+  by its own converter for BART-style models, as many threads as ours, float32 (int8_float32
+  with --quantize int8): a C++ engine for reference. Its maximum length is one per batch, so its
+  greedy outputs are cut to each sentence's limit afterwards; it divides by len ** alpha too
+  (with alpha > 0 it stops after k finished hypotheses, a heuristic), and with alpha 0 it stops
+  when its top beam finishes, so with `--length-penalty 0` its outputs are ours.
 Timing covers the search only (tokenization and detokenization are left out), in fp32 unless
 --quantize int8.
 """

@@ -211,6 +211,21 @@ def test_scripted_beam_length_penalty_keeps_searching():
     assert calls == 4  # steps 0..3: [4,6,7]+EOS ends at step 3, then nothing open is left
 
 
+def test_scripted_beam_stops_once_the_nbest_are_settled():
+    # Sentence 12, beam 2, alpha 0. Step 1: [4]+EOS (.45) finishes; [5,6] (.3) and [5,7] (.2) go on.
+    # For the 1-best nothing open can beat .45, so it stops there; a 2-best list still has a place
+    # for them, so that search runs one step more. The best hypothesis is the same.
+    table = {(12,): {4: 0.5, 5: 0.5}, (12, 4): {EOS: 0.9, 6: 0.1}, (12, 5): {6: 0.6, 7: 0.4}}
+    src = torch.tensor([[12, EOS]])
+    one, two = ScriptedModel(table), ScriptedModel(table)
+    (best,) = beam_search([one], src, beam_size=2, length_penalty=0.0, max_len_a=0, max_len_b=10, nbest=1)
+    (both,) = beam_search([two], src, beam_size=2, length_penalty=0.0, max_len_a=0, max_len_b=10, nbest=2)
+    assert [h.tokens for h in best] == [[4]] and one.calls == 2
+    assert [h.tokens for h in both] == [[4], [5, 6]] and two.calls == 3
+    assert [h.score for h in both] == pytest.approx([math.log(0.45), math.log(0.3)])
+    assert_same(best, both[:1], tol=0)
+
+
 def test_scripted_beam_max_length_truncates():
     # max length 3: at step 2 the top candidates end as they are; [4,6,7] has no EOS.
     (hyps,), calls = scripted_beam(alpha=1.0, max_len_b=3)

@@ -337,3 +337,29 @@ def test_precision_options_follow_the_device(model, tokenizer):
     assert next(half.parameters()).dtype == torch.bfloat16
     out = translate(half, tokenizer, LINES[:2], nbest=2)  # the search runs in half precision (here on CPU)
     assert len(out) == 2 and all(len(hyps) == 2 and isinstance(hyps[0][1], float) for hyps in out)
+
+
+def test_packed_linears_decode_as_the_model(model, tokenizer, monkeypatch):
+    """fp32 on CPU: for_inference packs the linear layers for oneDNN in a copy; same logits within
+    float rounding, same translations, the model itself untouched. Without oneDNN it is the model."""
+    from translate.translator import PackedLinear, can_pack_linear
+
+    if not can_pack_linear():
+        pytest.skip("this torch build has no oneDNN packed linear")
+    packed = for_inference(model)
+    assert packed is not model and isinstance(packed.output, PackedLinear)
+    assert not any(isinstance(m, PackedLinear) for m in model.modules())
+    assert not any(isinstance(m, torch.nn.Linear) for m in packed.modules())
+    src = torch.tensor([[5, 6, 7, 3], [8, 9, 3, 0]])
+    tgt = torch.tensor([[2, 10, 11], [2, 12, 13]])
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(src, tgt), model(src, tgt), atol=1e-4, rtol=1e-4)
+    for beam in (1, 3):
+        ours, theirs = (
+            translate(m, tokenizer, LINES, beam_size=beam, nbest=2 if beam > 1 else 1) for m in (packed, model)
+        )
+        assert [[text for text, _ in hyps] for hyps in ours] == [[text for text, _ in hyps] for hyps in theirs]
+        for a, b in zip(ours, theirs, strict=True):
+            assert [s for _, s in a] == pytest.approx([s for _, s in b], abs=1e-4)
+    monkeypatch.setattr("translate.translator.can_pack_linear", lambda: False)
+    assert for_inference(model) is model
