@@ -65,13 +65,19 @@ def test_hf_marian_holds_the_same_model(bench, trained_run):
         torch.testing.assert_close(theirs, model(src, tgt), atol=1e-5, rtol=1e-5)
 
 
-def test_hf_beam_without_length_penalty_is_the_same_search(bench, trained_run, capsys):
-    """With alpha 0 HF's beam search (early_stopping="never") and ours are one algorithm."""
-    pytest.importorskip("transformers")
+def small_run_alpha_0(bench, trained_run, capsys, system: str) -> str:
+    """The bench on 6 sentences, batches of 3, beam 3, alpha 0, against `system`; its output."""
     run, _ = trained_run
-    args = ["--sentences", "6", "--batch-sentences", "3", "--beam", "3", "--repeats", "1", "--vs-hf"]
+    args = ["--sentences", "6", "--batch-sentences", "3", "--beam", "3", "--repeats", "1", system]
     bench.main([str(run / "checkpoints" / "best.pt"), *args, "--length-penalty", "0"])
-    out = capsys.readouterr().out
+    return capsys.readouterr().out
+
+
+def test_hf_beam_without_length_penalty_is_the_same_search(bench, trained_run, capsys):
+    """With alpha 0 HF's beam search (early_stopping="never") and ours rank alike and find the same
+    1-best (ours stops sooner)."""
+    pytest.importorskip("transformers")
+    out = small_run_alpha_0(bench, trained_run, capsys, "--vs-hf")
     assert "beam 3 ours / HF generate" in out
     assert out.count("100.0% outputs identical") == 2  # greedy and beam 3
 
@@ -82,10 +88,7 @@ def test_ct2_holds_the_same_model(bench, trained_run, capsys):
     changes the search of the sentences that reach theirs, which this barely trained model's do."""
     pytest.importorskip("transformers")
     pytest.importorskip("ctranslate2")
-    run, _ = trained_run
-    args = ["--sentences", "6", "--batch-sentences", "3", "--beam", "3", "--repeats", "1", "--vs-ct2"]
-    bench.main([str(run / "checkpoints" / "best.pt"), *args, "--length-penalty", "0"])
-    out = capsys.readouterr().out
+    out = small_run_alpha_0(bench, trained_run, capsys, "--vs-ct2")
     assert "beam 3 ours / CTranslate2" in out
     assert next(line for line in out.splitlines() if line.startswith("greedy ours / CTranslate2")).endswith(
         "(100.0% outputs identical)"
