@@ -11,7 +11,12 @@ It decodes the first --sentences lines of --src (default: the run's data/test.en
 length into batches of --batch-sentences sentences (64, the reference setting; 0 = a token
 budget, --batch-tokens or the checkpoint's decode.batch_tokens, batched for each beam size as
 `translate decode` does: greedy gets about --beam times more sentences a batch), greedy and with beam
---beam, with the checkpoint's length penalty (or --length-penalty) and max length a*src+b. The runs take turns,
+--beam, with the checkpoint's length penalty (or --length-penalty) and max length a*src+b. Ours
+decodes --workers batches at once, as `translate decode` does (by default 2 on 2+ threads, each
+on half of them; with a token budget each gets half of it); HF and CTranslate2 one at a time on
+every thread, as they ship, or with --workers-all as many as ours (CTranslate2 through its own
+inter_threads). The process keeps freed memory for reuse (translator.keep_freed_memory, which
+`translate decode` does too), for every system alike. The runs take turns,
 repeat after repeat, so that a busy machine slows them alike; it prints the median over the
 repeats of:
 
@@ -57,7 +62,14 @@ import torch
 from translate.checkpoint import load_model
 from translate.model import BOS, EOS, PAD, UNK, Transformer
 from translate.search import beam_search, max_output_lengths
-from translate.translator import encode_sources, for_inference, pad_batch, token_batches
+from translate.translator import (
+    decode_workers,
+    encode_sources,
+    for_inference,
+    in_workers,
+    pad_batch,
+    token_batches,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -73,6 +85,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--length-penalty", type=float, help="GNMT alpha for every system (default: decode.length_penalty)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    p.add_argument(
+        "--workers", type=int, default=0, help="batches ours decodes at once, as translate decode (0 = its default)"
+    )
+    p.add_argument("--workers-all", action="store_true", help="HF and CTranslate2 decode --workers batches at once too")
     p.add_argument("--quantize", choices=["int8"], help="dynamic int8 quantization of the linear layers")
     p.add_argument("--vs-nocache", action="store_true", help="also the no-cache search, interleaved")
     p.add_argument("--vs-hf", action="store_true", help="also HF transformers' generate, interleaved")
@@ -92,7 +108,8 @@ def read_batches(args: argparse.Namespace, model: Transformer, tokenizer, cfg, b
         order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
         groups = [order[i : i + args.batch_sentences] for i in range(0, len(order), args.batch_sentences)]
     else:
-        groups = token_batches([len(s) for s in sources], args.batch_tokens or cfg.decode.batch_tokens, beam)
+        budget = (args.batch_tokens or cfg.decode.batch_tokens) // args.workers
+        groups = token_batches([len(s) for s in sources], budget, beam)
     return [pad_batch([sources[i] for i in group], torch.device("cpu")) for group in groups]
 
 
@@ -141,17 +158,24 @@ class Run:
         )
 
 
-def ours(models: list[Transformer], beam: int, cfg, use_cache: bool = True):
-    search = dict(length_penalty=cfg.decode.length_penalty, max_len_a=cfg.decode.max_len_a)
+def in_turn(decode_batch, workers: int = 1):
+    """A system's decode over batches from its decode of one batch (1-best token lists), `workers`
+    batches at once as `translate decode` runs them (translator.in_workers)."""
 
     def decode(batches: list[torch.Tensor]) -> list[list[int]]:
-        out = []
-        for src in batches:
-            hyps = beam_search(models, src, beam, max_len_b=cfg.decode.max_len_b, use_cache=use_cache, **search)
-            out += [h[0].tokens for h in hyps]
-        return out
+        return [tokens for out in in_workers(decode_batch, batches, workers) for tokens in out]
 
     return decode
+
+
+def ours(models: list[Transformer], beam: int, cfg, use_cache: bool = True, workers: int = 1):
+    search = dict(length_penalty=cfg.decode.length_penalty, max_len_a=cfg.decode.max_len_a)
+
+    def decode(src: torch.Tensor) -> list[list[int]]:
+        hyps = beam_search(models, src, beam, max_len_b=cfg.decode.max_len_b, use_cache=use_cache, **search)
+        return [h[0].tokens for h in hyps]
+
+    return in_turn(decode, workers)
 
 
 # ---------------------------------------------------------------------------- HF transformers
@@ -223,32 +247,29 @@ class MaxLengths:
         return scores
 
 
-def hf_generate(hf, beam: int, cfg):
+def hf_generate(hf, beam: int, cfg, workers: int = 1):
     from transformers import LogitsProcessorList
 
     search = {"length_penalty": cfg.decode.length_penalty, "early_stopping": "never"} if beam > 1 else {}
 
-    def decode(batches: list[torch.Tensor]) -> list[list[int]]:
-        out = []
-        for src in batches:
-            max_lens = max_output_lengths(src, cfg.decode.max_len_a, cfg.decode.max_len_b)
-            with torch.inference_mode():
-                gen = hf.generate(
-                    input_ids=src, attention_mask=src != PAD, num_beams=beam, do_sample=False,
-                    max_new_tokens=int(max_lens.max()), suppress_tokens=[PAD, BOS],
-                    logits_processor=LogitsProcessorList([MaxLengths(max_lens, beam)]), **search,
-                )  # fmt: skip
-            for row in gen[:, 1:].tolist():  # without the decoder start
-                out.append(row[: row.index(EOS)] if EOS in row else [t for t in row if t != PAD])
-        return out
+    def decode(src: torch.Tensor) -> list[list[int]]:
+        max_lens = max_output_lengths(src, cfg.decode.max_len_a, cfg.decode.max_len_b)
+        with torch.inference_mode():
+            gen = hf.generate(
+                input_ids=src, attention_mask=src != PAD, num_beams=beam, do_sample=False,
+                max_new_tokens=int(max_lens.max()), suppress_tokens=[PAD, BOS],
+                logits_processor=LogitsProcessorList([MaxLengths(max_lens, beam)]), **search,
+            )  # fmt: skip
+        rows = gen[:, 1:].tolist()  # without the decoder start
+        return [row[: row.index(EOS)] if EOS in row else [t for t in row if t != PAD] for row in rows]
 
-    return decode
+    return in_turn(decode, workers)
 
 
 # ---------------------------------------------------------------------------- CTranslate2
 
 
-def ct2_translator(hf, threads: int, quantize: str | None, workdir: str):
+def ct2_translator(hf, threads: int, quantize: str | None, workdir: str, workers: int = 1):
     """A CTranslate2 translator holding the weights of `hf` (the MarianMTModel above), converted
     with CTranslate2's own loader for BART-style models, decoding from our BOS (not Marian's zero
     embedding). Pieces are named by their ids: the runs exchange ids, not text."""
@@ -267,30 +288,30 @@ def ct2_translator(hf, threads: int, quantize: str | None, workdir: str):
     spec.optimize(quantization=None)
     spec.save(workdir)
     compute = "int8_float32" if quantize == "int8" else "float32"
-    return ctranslate2.Translator(workdir, device="cpu", compute_type=compute, intra_threads=threads), tokens
+    translator = ctranslate2.Translator(
+        workdir, device="cpu", compute_type=compute, inter_threads=workers, intra_threads=max(1, threads // workers)
+    )
+    return translator, tokens
 
 
-def ct2_translate(translator, tokens: list[str], beam: int, cfg):
+def ct2_translate(translator, tokens: list[str], beam: int, cfg, workers: int = 1):
     """CTranslate2's translate_batch on the same batches. Its maximum length is one per batch
     (the batch's longest a*src+b): a greedy output is cut to its sentence's own limit afterwards
     (the same pieces ours stops at; CT2 pays for the extra steps), a beam search is not
     (the limit changes the search). Its length penalty divides by len ** alpha."""
     ids = {t: i for i, t in enumerate(tokens)}
 
-    def decode(batches: list[torch.Tensor]) -> list[list[int]]:
-        out = []
-        for src in batches:
-            max_lens = max_output_lengths(src, cfg.decode.max_len_a, cfg.decode.max_len_b)
-            source = [[tokens[t] for t in row if t != PAD] for row in src.tolist()]
-            results = translator.translate_batch(
-                source, beam_size=beam, length_penalty=cfg.decode.length_penalty, max_decoding_length=int(max_lens.max()),
-                min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]], max_input_length=0,
-            )  # fmt: skip
-            limits = max_lens.tolist() if beam == 1 else [None] * len(results)
-            out += [[ids[t] for t in r.hypotheses[0]][:m] for r, m in zip(results, limits, strict=True)]
-        return out
+    def decode(src: torch.Tensor) -> list[list[int]]:
+        max_lens = max_output_lengths(src, cfg.decode.max_len_a, cfg.decode.max_len_b)
+        source = [[tokens[t] for t in row if t != PAD] for row in src.tolist()]
+        results = translator.translate_batch(
+            source, beam_size=beam, length_penalty=cfg.decode.length_penalty, max_decoding_length=int(max_lens.max()),
+            min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]], max_input_length=0,
+        )  # fmt: skip
+        limits = max_lens.tolist() if beam == 1 else [None] * len(results)
+        return [[ids[t] for t in r.hypotheses[0]][:m] for r, m in zip(results, limits, strict=True)]
 
-    return decode
+    return in_turn(decode, workers)
 
 
 # ---------------------------------------------------------------------------- main
@@ -302,39 +323,46 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     if not Path(args.checkpoint).is_file():
         sys.exit(f"error: checkpoint not found: {args.checkpoint} (train one: make train)")
+    args.workers = args.workers or decode_workers(torch.device("cpu"))
+    others = args.workers if args.workers_all else 1  # HF's and CTranslate2's batches at once
     model, tokenizer, cfg = load_model(args.checkpoint)
     if args.length_penalty is not None:
         cfg = dataclasses.replace(cfg, decode=dataclasses.replace(cfg.decode, length_penalty=args.length_penalty))
     greedy, beam = (read_batches(args, model, tokenizer, cfg, b) for b in (1, args.beam))
     n = sum(b.size(0) for b in beam)
     fast = for_inference(model, quantize=args.quantize)
-    runs = [Run("greedy", ours([fast], 1, cfg), greedy), Run(f"beam {args.beam}", ours([fast], args.beam, cfg), beam)]
+    runs = [
+        Run("greedy", ours([fast], 1, cfg, True, args.workers), greedy),
+        Run(f"beam {args.beam}", ours([fast], args.beam, cfg, True, args.workers), beam),
+    ]
     if args.vs_nocache:
-        runs += [Run("greedy no-cache", ours([fast], 1, cfg, False), greedy)]
-        runs += [Run(f"beam {args.beam} no-cache", ours([fast], args.beam, cfg, False), beam)]
+        runs += [Run("greedy no-cache", ours([fast], 1, cfg, False, args.workers), greedy)]
+        runs += [Run(f"beam {args.beam} no-cache", ours([fast], args.beam, cfg, False, args.workers), beam)]
     if args.vs_hf:
         try:
             hf = hf_marian(model)
         except ImportError:
             sys.exit("error: --vs-hf needs HF transformers, which is not installed (pip install transformers)")
         runs += [
-            Run("HF greedy", hf_generate(hf, 1, cfg), greedy),
-            Run(f"HF beam {args.beam}", hf_generate(hf, args.beam, cfg), beam),
+            Run("HF greedy", hf_generate(hf, 1, cfg, others), greedy),
+            Run(f"HF beam {args.beam}", hf_generate(hf, args.beam, cfg, others), beam),
         ]
     if args.vs_ct2:
         try:
             import ctranslate2  # noqa: F401
         except ImportError:
             sys.exit("error: --vs-ct2 needs CTranslate2, which is not installed (pip install ctranslate2 transformers)")
-        workdir = tempfile.mkdtemp(prefix="ct2-")
-        translator, tokens = ct2_translator(hf_marian(model), torch.get_num_threads(), args.quantize, workdir)
+        with tempfile.TemporaryDirectory(prefix="ct2-") as workdir:  # the translator holds the model in memory
+            threads = torch.get_num_threads()
+            translator, tokens = ct2_translator(hf_marian(model), threads, args.quantize, workdir, others)
+            torch.set_num_threads(threads)  # CTranslate2 sets this thread's OpenMP count to its own
         runs += [
-            Run("CT2 greedy", ct2_translate(translator, tokens, 1, cfg), greedy),
-            Run(f"CT2 beam {args.beam}", ct2_translate(translator, tokens, args.beam, cfg), beam),
+            Run("CT2 greedy", ct2_translate(translator, tokens, 1, cfg, others), greedy),
+            Run(f"CT2 beam {args.beam}", ct2_translate(translator, tokens, args.beam, cfg, others), beam),
         ]
     print(
         f"{args.checkpoint}: {n} sentences, {len(greedy)} greedy / {len(beam)} beam batches, "
-        f"{torch.get_num_threads()} threads, "
+        f"{torch.get_num_threads()} threads, ours {args.workers} batch(es) at once, others {others}, "
         f"torch {torch.__version__}, {'int8' if args.quantize else 'fp32'}, pid {os.getpid()}"
     )
     warm = [b[:4] for b in beam[-1:]]

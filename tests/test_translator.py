@@ -19,6 +19,8 @@ from translate.translator import (
     check_precision,
     decode_file,
     for_inference,
+    in_workers,
+    keep_freed_memory,
     load_models,
     plot_attention,
     read_lines,
@@ -86,6 +88,55 @@ def test_order_kept_when_lengths_differ(model, tokenizer):
     assert len(batched) == len(LINES)
     assert len({hyps[0][0] for hyps in alone}) == len(LINES)  # the lines translate differently
     assert_same(batched, alone)
+
+
+def test_workers_give_the_same_output_in_order(model, tokenizer):
+    """Batches decoded two at a time, each on its share of the threads: the same translations in
+    input order as one at a time; torch's thread count is restored."""
+    threads = torch.get_num_threads()
+    lines = [random.Random(i).choice(LINES) for i in range(30)]
+    one = translate(model, tokenizer, lines, batch_tokens=120, workers=1, nbest=2)
+    two = translate(model, tokenizer, lines, batch_tokens=240, workers=2, nbest=2)  # the same batches
+    assert_same(two, one)
+    assert torch.get_num_threads() == threads
+    with pytest.raises(UserError, match="workers"):
+        translate(model, tokenizer, lines, workers=-1)
+
+
+def test_a_worker_error_reaches_the_caller(model, tokenizer, monkeypatch):
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr("translate.translator.beam_search", out_of_memory)
+    threads = torch.get_num_threads()
+    with pytest.raises(UserError, match="out of memory"):
+        translate(model, tokenizer, LINES, batch_tokens=40, workers=2)
+    assert torch.get_num_threads() == threads
+
+
+def test_in_workers_keeps_order_and_shares_threads():
+    threads = max(2, torch.get_num_threads())
+    torch.set_num_threads(threads)
+    seen = []
+
+    def work(i: int) -> int:
+        seen.append(torch.get_num_threads())
+        return i * i
+
+    try:
+        assert list(in_workers(work, list(range(20)), 2)) == [i * i for i in range(20)]
+        assert set(seen) == {threads // 2}
+        assert torch.get_num_threads() == threads
+        assert list(in_workers(work, [3], 2)) == [9]  # one item: no threads
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_keep_freed_memory():
+    import platform
+
+    expected = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    assert keep_freed_memory() is expected
 
 
 def test_chunks_and_streaming_give_the_same_output(model, tokenizer):

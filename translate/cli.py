@@ -41,6 +41,13 @@ BatchOpt = Annotated[
         help="Bound on sentences x beam x longest source (in pieces) per batch. Default: decode.batch_tokens.",
     ),
 ]
+WorkersOpt = Annotated[
+    int,
+    typer.Option(
+        "--workers",
+        help="Batches decoded at once, each on an equal share of the CPU threads. 0 = auto (2 on a CPU with 2+ threads).",
+    ),
+]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp16 (half precision on CUDA only).")]
 QuantizeOpt = Annotated[
@@ -134,6 +141,7 @@ def decode(
     nbest: Annotated[int, typer.Option("--nbest", help="Write the K best translations of each line.")] = 1,
     scores: Annotated[bool, typer.Option("--scores", help="Write index<TAB>score<TAB>text (TSV).")] = False,
     batch_tokens: BatchOpt = None,
+    workers: WorkersOpt = 0,
     max_len_a: Annotated[Optional[float], typer.Option(help="Max output length = a * source length + b.")] = None,
     max_len_b: Annotated[Optional[int], typer.Option(help="See --max-len-a.")] = None,
     device: DeviceOpt = "auto",
@@ -145,8 +153,8 @@ def decode(
 
     decode_file(
         checkpoints, input, output, beam=beam, length_penalty=lenpen, nbest=nbest, with_scores=scores,
-        batch_tokens=batch_tokens, max_len_a=max_len_a, max_len_b=max_len_b, device=device, dtype=dtype,
-        quantize=quantize,
+        batch_tokens=batch_tokens, workers=workers, max_len_a=max_len_a, max_len_b=max_len_b, device=device,
+        dtype=dtype, quantize=quantize,
     )  # fmt: skip
 
 
@@ -164,6 +172,7 @@ def evaluate(
     beam: BeamOpt = None,
     lenpen: LenpenOpt = None,
     batch_tokens: BatchOpt = None,
+    workers: WorkersOpt = 0,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the scores and signatures as JSON.")] = None,
     report: Annotated[
         Optional[Path],
@@ -209,6 +218,7 @@ def evaluate(
             beam=beam,
             length_penalty=lenpen,
             batch_tokens=batch_tokens,
+            workers=workers,
             device=device,
             output=output,
             dtype=dtype,

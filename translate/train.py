@@ -366,6 +366,7 @@ class Trainer:
             max_len_b=d.max_len_b,
             batch_tokens=d.batch_tokens,
             device=self.device,
+            workers=1,  # one batch at a time on every thread, as the published runs were validated
         )
         return [nbest[0][0] for nbest in out]
 
