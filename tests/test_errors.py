@@ -301,6 +301,7 @@ def decode_cases(f: SimpleNamespace, ckpt: Path) -> dict[str, tuple[list, list]]
         "negative beam": (["decode", ckpt, "-i", f.odd_en, "--beam", "-3"], ["--beam must be at least 1, got -3"]),
         "batch tokens 0": (["decode", ckpt, "-i", f.odd_en, "--batch-tokens", "0"], ["--batch-tokens"]),
         "negative max len": (["decode", ckpt, "-i", f.odd_en, "--max-len-a", "-1"], ["--max-len-a"]),
+        "negative workers": (["decode", ckpt, "-i", f.odd_en, "--workers", "-1"], ["--workers must be at least 0"]),
         "nbest above beam": (["decode", ckpt, "-i", f.odd_en, "--beam", "2", "--nbest", "3"], ["nbest", "(2)"]),
         "unknown device": (["decode", ckpt, "-i", f.odd_en, "--device", "tpu"], ["--device", "'tpu'"]),
         "line counts": (["evaluate", "--hyp", f.two_fr, "--ref", f.three_fr], ["two.fr has 1 lines", "three.fr has 3"]),
