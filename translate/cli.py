@@ -38,14 +38,16 @@ BatchOpt = Annotated[
     Optional[int],
     typer.Option(
         "--batch-tokens",
-        help="Bound on sentences x beam x longest source (in pieces) per batch. Default: decode.batch_tokens.",
+        help="Bound on sentences x beam x longest source (in pieces) over the batches decoded at once. "
+        "Default: decode.batch_tokens.",
     ),
 ]
 WorkersOpt = Annotated[
     int,
     typer.Option(
         "--workers",
-        help="Batches decoded at once, each on an equal share of the CPU threads. 0 = auto (2 on a CPU with 2+ threads).",
+        help="Batches decoded at once, each on an equal share of the CPU threads and of --batch-tokens. "
+        "0 = auto (2 on a CPU with 2+ threads, else 1).",
     ),
 ]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]

@@ -105,7 +105,7 @@ class DecodeConfig:
     length_penalty: float = 0.6
     max_len_a: float = 1.2  # max output length = a * source length + b
     max_len_b: int = 10
-    batch_tokens: int = 8000  # per decoding batch: sentences x beam x longest source (pieces) stays within this
+    batch_tokens: int = 8000  # sentences x beam x longest source (pieces), summed over the batches decoded at once
 
 
 @dataclass(frozen=True)
