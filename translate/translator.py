@@ -63,8 +63,9 @@ def translate_lines(
     first model's).
     """
     models = [models] if isinstance(models, torch.nn.Module) else list(models)
-    if beam_size < 1 or batch_tokens < 1 or chunk_lines < 1 or workers < 0:
-        raise UserError("beam size, batch tokens and chunk lines must be at least 1, workers at least 0")
+    if beam_size < 1 or batch_tokens < 1 or chunk_lines < 1:
+        raise UserError("beam size, batch tokens and chunk lines must be at least 1")
+    check_workers(workers)
     if not 1 <= nbest <= beam_size:
         raise UserError(f"nbest must be between 1 and the beam size ({beam_size}), got {nbest}")
     device = torch.device(device) if device is not None else next(models[0].parameters()).device
