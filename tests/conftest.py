@@ -50,6 +50,7 @@ def tiny_config(tmp_path: Path, name: str = "e2e", model: dict | None = None, **
             "save_every": 4,
             "keep_last": 3,
             "eval_max_sentences": 8,
+            "amp": "off",  # the same arithmetic on either CPU class (auto takes bf16 where it is native)
             **train,
         },
         "decode": {"beam_size": 3, "max_len_b": 5},

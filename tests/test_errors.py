@@ -575,3 +575,13 @@ def test_atomic_write_lands_whole_or_not_at_all(tmp_path):
     os.umask(mask)
     assert target.read_text() == "after\n" and os.listdir(tmp_path) == ["out.txt"]
     assert target.stat().st_mode & 0o777 == 0o666 & ~mask  # as a new file would be, not mkstemp's 0600
+
+
+def test_bf16_on_a_cpu_without_native_bf16_is_refused_before_anything_is_written(tmp_path, files):
+    """ATEN_CPU_CAPABILITY=avx2 makes torch report an AVX2-only CPU, as on machines without AVX-512 BF16."""
+    cfg = tiny_config(tmp_path, name="nobf16", amp="bf16")
+    result = run_cli("train", "--config", cfg, check=False, env={"ATEN_CPU_CAPABILITY": "avx2"})
+    assert_one_error(result.returncode, result.stderr, "train.amp bf16", "AVX2", "no native bf16", "auto", "off")
+    assert not (tmp_path / "runs").exists()
+    auto = run_cli("train", "--config", cfg, "--set", "train.amp=auto", env={"ATEN_CPU_CAPABILITY": "avx2"})
+    assert "amp auto: CPU AVX2 without native bf16 -> fp32" in auto.stderr

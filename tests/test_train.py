@@ -11,11 +11,12 @@ import torch
 import yaml
 from conftest import run_cli, tiny_config
 
+from translate import hardware
 from translate.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, load_model, step_checkpoints
 from translate.config import config_from_dict, load_config
 from translate.data import collate
 from translate.errors import UserError
-from translate.train import Trainer, amp_dtype, lr_lambda
+from translate.train import Trainer, lr_lambda
 
 
 def cfg_for(tmp_path, name="t", model=None, **train):
@@ -39,20 +40,6 @@ def test_schedules_warm_up_then_decay(schedule):
         assert lrs[-1] == pytest.approx(0.0, abs=1e-6)
 
 
-def test_amp_selection():
-    cpu = torch.device("cpu")
-    assert amp_dtype("auto", cpu) is None and amp_dtype("off", cpu) is None
-    assert amp_dtype("bf16", cpu) == torch.bfloat16
-    with pytest.raises(UserError, match="fp16 needs a CUDA GPU"):
-        amp_dtype("fp16", cpu)
-    cuda = torch.device("cuda:0")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(torch.cuda, "is_bf16_supported", lambda: True)
-        assert amp_dtype("auto", cuda) == torch.bfloat16 and amp_dtype("fp16", cuda) == torch.float16
-        mp.setattr(torch.cuda, "is_bf16_supported", lambda: False)
-        assert amp_dtype("auto", cuda) == torch.float16 and amp_dtype("off", cuda) is None
-
-
 @pytest.mark.filterwarnings("ignore:Detected call of")
 def test_accumulating_two_batches_equals_one_batch_of_both(tmp_path):
     """Update on [b1, b2] with accumulate 2 == update on the batch b1+b2 (losses summed over tokens)."""
@@ -70,7 +57,8 @@ def test_accumulating_two_batches_equals_one_batch_of_both(tmp_path):
         t._close()
 
 
-def test_bf16_autocast_on_cpu_trains(tmp_path):
+def test_bf16_autocast_on_cpu_trains(tmp_path, monkeypatch):
+    monkeypatch.setattr(hardware, "_cpu_info", hardware.CpuInfo("AVX512", True, "mocked", 2))  # emulated if not
     t = Trainer(cfg_for(tmp_path, "bf16", amp="bf16"), resume=False)
     batch = collate(t.train_data, t.epoch_batches(0)[0])
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -185,3 +173,34 @@ def test_torchrun_two_processes_match_one_process_on_the_same_global_batch(tmp_p
     assert len(list((run / "tb").glob("events.*"))) == 1
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.pt", "last.pt", "step_0000001.pt"]
     assert (run / "train.log").read_text().count("training stopped") == 1
+
+
+def test_time_budget_stops_on_time_with_a_last_validation_and_checkpoint(tmp_path):
+    cfg = tiny_config(tmp_path, name="budget", max_steps=100_000, max_time="3s", eval_every=100_000, save_every=100_000)
+    result = run_cli("train", "--config", cfg)
+    run = tmp_path / "runs" / "budget"
+    last = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert 0 < last["step"] < 100_000
+    assert last["metrics"]["bleu"] >= 0  # the stop ran a validation
+    assert 3 <= last["progress"]["elapsed"] < 60
+    log = (run / "train.log").read_text()
+    assert "reached train.max_time=3s" in log and "time: " in log and "updates" in log
+    assert "last validation" in result.stdout
+
+    # Resumed with the same budget: the time already trained counts, so nothing more is done.
+    run_cli("train", "--config", run / "config.yaml", "--resume")
+    again = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert again["step"] == last["step"] and "already past train.max_time" in (run / "train.log").read_text()
+
+    # With a budget of 6 s it trains about 3 s more, not 6.
+    run_cli("train", "--config", run / "config.yaml", "--resume", "--set", "train.max_time=6")
+    more = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert more["step"] > last["step"]
+    assert 6 <= more["progress"]["elapsed"] < last["progress"]["elapsed"] + 6
+
+
+def test_info_says_what_the_run_trained_on(trained_run):
+    run, _ = trained_run
+    out = run_cli("info", run / "checkpoints" / "last.pt").stdout
+    assert "trained on: cpu x1, fp32 (train.amp off: train.amp off -> fp32)" in out and "time trained:" in out
+    assert (run / "config.yaml").read_text().startswith("# precision fp32: train.amp off")

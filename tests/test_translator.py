@@ -10,6 +10,7 @@ import threading
 import pytest
 import torch
 
+from translate import hardware
 from translate.checkpoint import CHECKPOINT_FORMAT
 from translate.config import Config, DecodeConfig, ModelConfig, config_to_dict
 from translate.errors import UserError
@@ -368,15 +369,18 @@ def test_int8_quantized_model_decodes(checkpoint, tmp_path):
     assert len(lines) == 9 and lines[2] == lines[3] == "" and lines[0]
 
 
-def test_precision_options_follow_the_device(model, tokenizer):
+def test_precision_options_follow_the_device(model, tokenizer, monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    check_precision(cpu)
-    check_precision(cpu, "fp32", "int8")
-    check_precision(cuda, "bf16")
-    check_precision(cuda, "fp16")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    monkeypatch.setattr(hardware, "_cpu_info", hardware.CpuInfo("AVX2", False, "mocked", 2))
+    assert check_precision(cpu) == "fp32"
+    assert check_precision(cpu, "fp32", "int8") == "fp32"
+    assert check_precision(cuda, "bf16") == "bf16" and check_precision(cuda) == "bf16"
+    assert check_precision(cuda, "fp16") == "fp16"
     for device, dtype, quantize, message in [
-        (cpu, "bf16", None, "for CUDA"),
+        (cpu, "bf16", None, "no native bf16"),
         (cpu, "fp16", None, "for CUDA"),
+        (cpu, "bf16", "int8", "replaces --dtype bf16"),
         (cuda, "fp32", "int8", "for CPU"),
         (cpu, "float8", None, "--dtype must be"),
         (cpu, "fp32", "int4", "--quantize must be"),

@@ -50,8 +50,17 @@ WorkersOpt = Annotated[
         "0 = auto (2 on a CPU with 2+ threads, else 1).",
     ),
 ]
-DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp16 (half precision on CUDA only).")]
+DeviceOpt = Annotated[
+    str, typer.Option("--device", help="auto | cpu | cuda | cuda:N | mps (auto: CUDA, else MPS, else CPU)")
+]
+DtypeOpt = Annotated[
+    str,
+    typer.Option(
+        "--dtype",
+        help="auto | fp32 | bf16 | fp16. auto: bf16 (else fp16) on CUDA, fp32 on CPU and MPS; "
+        "bf16 on a CPU only where it is native (AVX-512 BF16 / AMX), fp16 on CUDA only.",
+    ),
+]
 QuantizeOpt = Annotated[
     Optional[str], typer.Option("--quantize", help="int8: dynamic int8 quantization of the linear layers (CPU).")
 ]
@@ -120,9 +129,12 @@ def train(
     """Train a Transformer (prepares the data first if needed). TensorBoard logs in RUN_DIR/NAME/tb."""
     import os
 
+    from translate.hardware import choose_amp, resolve_device
     from translate.train import train as run_train
 
     cfg = _load_cfg(config, set_)
+    device = resolve_device(cfg.train.device, "train.device", int(os.environ.get("LOCAL_RANK", "0")))
+    choose_amp(cfg.train.amp, device)  # a precision the machine cannot run is refused before anything is written
     if os.environ.get("RANK", "0") == "0":
         _log_to_file(cfg.run_path / "train.log")
     metrics = run_train(cfg, resume=resume)
@@ -147,7 +159,7 @@ def decode(
     max_len_a: Annotated[Optional[float], typer.Option(help="Max output length = a * source length + b.")] = None,
     max_len_b: Annotated[Optional[int], typer.Option(help="See --max-len-a.")] = None,
     device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "fp32",
+    dtype: DtypeOpt = "auto",
     quantize: QuantizeOpt = None,
 ) -> None:
     """Translate a text file (or stdin) with greedy (--beam 1) or beam search."""
@@ -185,7 +197,7 @@ def evaluate(
         typer.Option("--hyp-b", help="A second system's output: scored too, side by side in --report."),
     ] = None,
     device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "fp32",
+    dtype: DtypeOpt = "auto",
     quantize: QuantizeOpt = None,
 ) -> None:
     """sacreBLEU BLEU and chrF (with signatures) of a checkpoint on --src/--ref, or of --hyp against --ref."""
@@ -337,6 +349,11 @@ def info(checkpoint: Checkpoint) -> None:
     if ckpt.get("progress", {}).get("best") is not None:
         p = ckpt["progress"]
         typer.echo(f"best valid {cfg.train.best_metric}: {p['best']:.3f} at step {p['best_step']}")
+    if ckpt.get("hardware"):
+        h = ckpt["hardware"]
+        typer.echo(f"trained on: {h['device']} x{h['world_size']}, {h['precision']} ({h['reason']})")
+    if ckpt.get("progress", {}).get("elapsed"):
+        typer.echo(f"time trained: {ckpt['progress']['elapsed'] / 60:.1f} min")
     if ckpt.get("averaged_from"):
         typer.echo(f"averaged from: {', '.join(ckpt['averaged_from'])}")
     typer.echo("versions: " + ", ".join(f"{k} {v}" for k, v in ckpt.get("versions", {}).items()))

@@ -42,34 +42,22 @@ from translate.checkpoint import (
     step_checkpoints,
     versions,
 )
-from translate.config import Config, config_to_dict, save_config
+from translate.config import Config, config_to_dict, parse_duration, save_config
 from translate.data import Batch, collate, is_prepared, load_split, prepare, token_batches
 from translate.errors import UserError, is_out_of_memory
 from translate.evaluate import read_lines, score
+from translate.hardware import choose_amp, cpu_info, resolve_device
 from translate.loss import label_smoothed_nll_loss
 from translate.model import PAD, Transformer, count_parameters
 from translate.plot import attention_figure, attention_maps, figure_to_array, heads_figure, sample_indices
 from translate.report import sentence_chrf
 from translate.tokenizer import Tokenizer
-from translate.translator import resolve_device, translate_lines
+from translate.translator import translate_lines
 
 log = logging.getLogger("translate")
 
 
 # ---------------------------------------------------------------------------- set-up
-
-
-def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype for `train.amp` on this device, or None for full fp32."""
-    if amp == "off":
-        return None
-    if device.type == "cuda":
-        if amp == "fp16" or (amp == "auto" and not torch.cuda.is_bf16_supported()):
-            return torch.float16
-        return torch.bfloat16
-    if amp == "fp16":
-        raise UserError("train.amp: fp16 needs a CUDA GPU; on CPU use bf16 or off")
-    return torch.bfloat16 if amp == "bf16" else None  # auto on CPU: fp32
 
 
 def lr_lambda(cfg: Config):
@@ -119,6 +107,7 @@ class Progress:
     best_step: int = 0
     bad_evals: int = 0
     skipped: int = 0
+    elapsed: float = 0.0  # seconds of training (updates, validation, checkpoints) over every session
 
 
 class RunLock:
@@ -167,9 +156,12 @@ class Trainer:
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.main = self.rank == 0
         self.device = resolve_device(cfg.train.device, "train.device", self.local_rank)
-        self.amp = amp_dtype(cfg.train.amp, self.device)
+        self.amp, self.amp_reason = choose_amp(cfg.train.amp, self.device)
+        self.budget = parse_duration(cfg.train.max_time) if cfg.train.max_time is not None else None
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
+        self.clock = {"set-up": 0.0, "updates": 0.0, "validation": 0.0, "checkpoints": 0.0}
+        setup_start = time.perf_counter()
 
         if self.main:
             self.run.mkdir(parents=True, exist_ok=True)
@@ -214,15 +206,37 @@ class Trainer:
         self.writer = None
         if self.main:
             self.ckpt_dir.mkdir(exist_ok=True)
-            save_config(cfg, self.run / "config.yaml")
+            save_config(
+                cfg,
+                self.run / "config.yaml",
+                header=f"precision {self.precision}: train.amp {cfg.train.amp}, {self.amp_reason}",
+            )
             if resume:
                 truncate_events(self.run / "tb", self.progress.step)
             self.writer = SummaryWriter(self.run / "tb")
+            log.info(f"amp {cfg.train.amp}: {self.amp_reason}")
             log.info(
                 f"model: {count_parameters(self.model):,} parameters, vocab {self.tokenizer.vocab_size}; "
-                f"device {self.device}, amp {self.amp or 'off'}, world size {self.world}; "
+                f"device {self.device}, precision {self.precision}, world size {self.world}; "
                 f"{len(self.train_data):,} train pairs"
             )
+        self.clock["set-up"] = time.perf_counter() - setup_start
+
+    @property
+    def precision(self) -> str:
+        return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.amp]
+
+    def hardware(self) -> dict[str, Any]:
+        """What the run trained on and at which precision, and why (saved in config.yaml and checkpoints)."""
+        info = cpu_info()
+        return {
+            "device": str(self.device),
+            "precision": self.precision,
+            "reason": f"train.amp {self.cfg.train.amp}: {self.amp_reason}",
+            "cpu": info.capability,
+            "cpu_native_bf16": info.native_bf16,
+            "world_size": self.world,
+        }
 
     def _check_run_dir(self, resume: bool) -> dict[str, Any] | None:
         """Refuse to train over an earlier run without --resume; with it, return last.pt (if any)
@@ -406,6 +420,7 @@ class Trainer:
     # ------------------------------------------------------------------------ checkpoints
 
     def save(self, best: bool, metrics: dict[str, float] | None) -> None:
+        self.tick()
         rng = self._gather_rng()  # a collective: every rank takes part
         if not self.main:
             return
@@ -426,6 +441,7 @@ class Trainer:
             "step": step,
             "epoch": self.progress.epoch,
             "metrics": metrics or {},
+            "hardware": self.hardware(),
         }
         path = self.ckpt_dir / f"step_{step:07d}.pt"
         try:
@@ -462,10 +478,13 @@ class Trainer:
             total=t.max_steps, initial=p.step, desc="train", unit="step", disable=not self.main, dynamic_ncols=True
         )
         window = {"loss": 0.0, "nll": 0.0, "ntokens": 0.0, "all_ntokens": 0.0, "grad_norm": 0.0, "updates": 0}
-        window_start, metrics, bad_in_row, stop_reason = time.perf_counter(), {}, 0, None
+        self.metrics, self.bad_in_row, self.window_clock, stop_reason = {}, 0, self.clock["updates"], None
+        self.session = (time.perf_counter(), p.elapsed, p.step)  # when, and how far, this session started
         per_update = t.accumulate * self.world
         if p.step >= t.max_steps:
             stop_reason = f"already at train.max_steps={t.max_steps}"
+        elif self.out_of_time():
+            stop_reason = f"already past train.max_time={t.max_time} ({p.elapsed / 60:.1f} min trained)"
         self.model.train()
         try:
             while stop_reason is None:
@@ -479,43 +498,7 @@ class Trainer:
                         f"fewer than one update needs ({per_update}): lower train.max_tokens or train.accumulate"
                     )
                 while p.position + per_update <= len(batches):
-                    mine = [batches[p.position + k * self.world + self.rank] for k in range(t.accumulate)]
-                    p.position += per_update
-                    sums, finite, stop = self._update([collate(self.train_data, b) for b in mine], stopper.signum or 0)
-                    if not finite:
-                        p.skipped += 1
-                        bad_in_row += 1
-                        if self.main:
-                            self.writer.add_scalar("train/skipped_updates", p.skipped, p.step)
-                        if bad_in_row >= t.max_bad_steps:
-                            raise UserError(
-                                f"{bad_in_row} updates in a row had a non-finite loss or gradient at step {p.step}: "
-                                "lower train.lr, raise train.warmup_steps, or use train.amp: bf16/off"
-                            )
-                    else:
-                        bad_in_row = 0
-                        p.step += 1
-                        bar.update(1)
-                        for k in ("loss", "nll", "ntokens", "all_ntokens", "grad_norm"):
-                            window[k] += sums[k]
-                        window["updates"] += 1
-                    if p.step % t.log_every == 0 and window["updates"]:
-                        window_start = self._log_train(window, window_start, bar)
-                    evaluated = (p.step % t.eval_every == 0 or p.step >= t.max_steps) and finite
-                    best, pause = False, time.perf_counter()
-                    if evaluated:
-                        metrics = self.validate()
-                        best = self._improved(metrics)
-                        self._log_valid(metrics)
-                    if stop:
-                        stop_reason = "signal"
-                    elif p.step >= t.max_steps:
-                        stop_reason = f"reached train.max_steps={t.max_steps}"
-                    elif t.patience and p.bad_evals >= t.patience:
-                        stop_reason = f"no better valid {t.best_metric} in {t.patience} evaluations (train.patience)"
-                    if (finite and (p.step % t.save_every == 0 or best)) or stop_reason:
-                        self.save(best, metrics if evaluated else None)
-                    window_start += time.perf_counter() - pause  # tokens/s counts training time only
+                    stop_reason = self._train_step(batches, per_update, stopper, window, bar)
                     if stop_reason:
                         break
                 else:
@@ -523,6 +506,7 @@ class Trainer:
         finally:
             bar.close()
             stopper.restore()
+        self.tick()
         if stop_reason == "signal":
             self._close()
             name = signal.Signals(stopper.signum).name if stopper.signum else "signal"
@@ -531,18 +515,105 @@ class Trainer:
             raise SystemExit(128 + (stopper.signum or signal.SIGINT))
         if self.main:
             log.info(f"training stopped: {stop_reason}; best valid {t.best_metric} {p.best} at step {p.best_step}")
+            log.info(self.time_summary())
             if t.average_last:
                 self._average_last(t.average_last)
         self._close()
-        return metrics
+        return self.metrics
 
-    def _log_train(self, window: dict[str, Any], start: float, bar: tqdm) -> float:
-        now = time.perf_counter()
+    def _train_step(self, batches, per_update: int, stopper: StopRequest, window: dict[str, Any], bar: tqdm):
+        """One update, then what follows it (logging, validation, checkpoint); returns why to stop, if so."""
+        t, p = self.cfg.train, self.progress
+        mine = [batches[p.position + k * self.world + self.rank] for k in range(t.accumulate)]
+        p.position += per_update
+        start = time.perf_counter()
+        sums, finite, stop = self._update([collate(self.train_data, b) for b in mine], stopper.signum or 0)
+        self.clock["updates"] += time.perf_counter() - start
+        if not finite:
+            p.skipped += 1
+            self.bad_in_row += 1
+            if self.main:
+                self.writer.add_scalar("train/skipped_updates", p.skipped, p.step)
+            if self.bad_in_row >= t.max_bad_steps:
+                raise UserError(
+                    f"{self.bad_in_row} updates in a row had a non-finite loss or gradient at step {p.step}: "
+                    "lower train.lr, raise train.warmup_steps, or use train.amp: bf16/off"
+                )
+        else:
+            self.bad_in_row = 0
+            p.step += 1
+            bar.update(1)
+            for k in ("loss", "nll", "ntokens", "all_ntokens", "grad_norm"):
+                window[k] += sums[k]
+            window["updates"] += 1
+        if p.step % t.log_every == 0 and window["updates"]:
+            self._log_train(window, bar)
+        out_of_time = finite and self.out_of_time()
+        evaluated = finite and (p.step % t.eval_every == 0 or p.step >= t.max_steps or out_of_time)
+        best, stop_reason = False, None
+        if evaluated:
+            start = time.perf_counter()
+            self.metrics = self.validate()
+            best = self._improved(self.metrics)
+            self._log_valid(self.metrics)
+            self.clock["validation"] += time.perf_counter() - start
+        if stop:
+            stop_reason = "signal"
+        elif p.step >= t.max_steps:
+            stop_reason = f"reached train.max_steps={t.max_steps}"
+        elif out_of_time:
+            stop_reason = f"reached train.max_time={t.max_time} ({self.trained_time() / 60:.1f} min trained)"
+        elif t.patience and p.bad_evals >= t.patience:
+            stop_reason = f"no better valid {t.best_metric} in {t.patience} evaluations (train.patience)"
+        if (finite and (p.step % t.save_every == 0 or best)) or stop_reason:
+            start = time.perf_counter()
+            self.save(best, self.metrics if evaluated else None)
+            self.clock["checkpoints"] += time.perf_counter() - start
+        return stop_reason
+
+    def trained_time(self) -> float:
+        """Seconds trained: this session's so far plus those of the sessions it resumed."""
+        started, elapsed_before, _ = self.session
+        return elapsed_before + time.perf_counter() - started
+
+    def tick(self) -> None:
+        self.progress.elapsed = self.trained_time()
+
+    def out_of_time(self) -> bool:
+        """Whether train.max_time is spent. Every rank takes rank 0's answer, so all stop at the same update."""
+        if self.budget is None:
+            return False
+        over = torch.tensor([float(self.trained_time() >= self.budget)], device=self.device)
+        if self.distributed:
+            dist.broadcast(over, 0)
+        return bool(over.item())
+
+    def expected_steps(self) -> int:
+        """The update at which training will stop: max_steps, or sooner where the time budget runs out first
+        (at this session's pace so far)."""
+        t, p = self.cfg.train, self.progress
+        started, elapsed_before, first_step = self.session
+        if self.budget is None or p.step <= first_step:
+            return t.max_steps
+        pace = (p.step - first_step) / (time.perf_counter() - started)  # updates per second, validation included
+        left = max(self.budget - self.trained_time(), 0.0)
+        return min(t.max_steps, p.step + int(left * pace) + 1)
+
+    def time_summary(self) -> str:
+        """How this session's time was spent, in one line."""
+        c = self.clock
+        total = c["set-up"] + time.perf_counter() - self.session[0]
+        parts = [f"{k} {v / 60:.1f} min ({v / total:.0%})" for k, v in c.items()]
+        other = total - sum(c.values())
+        return f"time: {total / 60:.1f} min in all: " + ", ".join(parts) + f", other {other / 60:.1f} min"
+
+    def _log_train(self, window: dict[str, Any], bar: tqdm) -> None:
+        """TensorBoard and the progress bar: the window's mean loss, lr, gradient norm, tokens/s of updates."""
         if self.main:
             n = float(window["ntokens"])
             loss = float(window["loss"]) / n
             lr = self.scheduler.get_last_lr()[0]
-            tok_s = float(window["all_ntokens"]) / (now - start)
+            tok_s = float(window["all_ntokens"]) / max(self.clock["updates"] - self.window_clock, 1e-9)
             step = self.progress.step
             self.writer.add_scalar("train/loss", loss, step)
             self.writer.add_scalar("train/nll", float(window["nll"]) / n, step)
@@ -550,11 +621,12 @@ class Trainer:
             self.writer.add_scalar("train/lr", lr, step)
             self.writer.add_scalar("train/grad_norm", float(window["grad_norm"]) / window["updates"], step)
             self.writer.add_scalar("train/tokens_per_s", tok_s, step)
+            bar.total = self.expected_steps()  # the ETA follows whichever bound comes first
             bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
             log.debug(f"step {step} loss {loss:.4f} lr {lr:.3e} tokens/s {tok_s:.0f}")
         for k in window:
             window[k] = 0.0 if k != "updates" else 0
-        return now
+        self.window_clock = self.clock["updates"]
 
     def _log_valid(self, m: dict[str, float]) -> None:
         if not self.main:

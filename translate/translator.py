@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import itertools
+import logging
 import os
 import queue
 import sys
@@ -30,9 +31,12 @@ import torch
 from translate.checkpoint import load_model
 from translate.config import Config
 from translate.errors import UserError, atomic_write, check_output_path, is_out_of_memory, text_lines
+from translate.hardware import DTYPES, choose_decode_dtype, resolve_device
 from translate.model import EOS, PAD, Transformer
 from translate.search import Hypothesis, beam_search
 from translate.tokenizer import Tokenizer
+
+log = logging.getLogger("translate")
 
 Translation = list[tuple[str, float]]  # one input line's n-best list: (text, score), best first
 
@@ -342,23 +346,11 @@ def _write(translations: Iterable[Translation], f: IO[str], nbest_format: Litera
 # ---------------------------------------------------------------------------- checkpoints in (the CLI's calls)
 
 
-def resolve_device(name: str, setting: str = "--device", local_rank: int = 0) -> torch.device:
-    """auto | cpu | cuda | cuda:N -> a device (auto and cuda: GPU `local_rank`); asking for CUDA
-    without a GPU is a UserError naming `setting` (the flag or config key the name came from)."""
-    if name != "auto" and name != "cpu" and not name.startswith("cuda"):
-        raise UserError(f"{setting} must be auto, cpu, cuda or cuda:N, got {name!r}")
-    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise UserError(f"{setting} {name}: no CUDA GPU is available (use auto or cpu)")
-    return torch.device(name if ":" in name else f"cuda:{local_rank}")
-
-
 def load_models(
     checkpoints: Sequence[str | Path],
     device: torch.device | str = "cpu",
     *,
-    dtype: str = "fp32",
+    dtype: str = "auto",
     quantize: str | None = None,
 ) -> tuple[list[Transformer], Tokenizer, Config]:
     """The models of one or more checkpoints (an ensemble: one vocabulary), in eval mode on
@@ -366,7 +358,7 @@ def load_models(
     checkpoint's config (its decode defaults)."""
     if not checkpoints:
         raise UserError("give at least one checkpoint")
-    check_precision(torch.device(device), dtype, quantize)
+    dtype = check_precision(torch.device(device), dtype, quantize)
     models, tokenizers, configs = zip(*(load_model(path, device) for path in checkpoints), strict=True)
     for path, tokenizer in zip(checkpoints[1:], tokenizers[1:], strict=True):
         if tokenizer.model_bytes != tokenizers[0].model_bytes:
@@ -374,19 +366,18 @@ def load_models(
     return [for_inference(m, dtype, quantize) for m in models], tokenizers[0], configs[0]
 
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def check_precision(device: torch.device, dtype: str = "fp32", quantize: str | None = None) -> None:
-    """--dtype and --quantize against the device: half precision (bf16, fp16) runs on CUDA, int8 on CPU."""
-    if dtype not in DTYPES:
-        raise UserError(f"--dtype must be fp32, bf16 or fp16, got {dtype!r}")
+def check_precision(device: torch.device, dtype: str = "auto", quantize: str | None = None) -> str:
+    """--dtype and --quantize against the device: the precision to decode at (see
+    hardware.choose_decode_dtype); int8 runs on CPU, in place of a half precision."""
     if quantize not in (None, "int8"):
         raise UserError(f"--quantize must be int8, got {quantize!r}")
-    if dtype != "fp32" and device.type != "cuda":
-        raise UserError(f"--dtype {dtype} is for CUDA GPUs; on {device.type} decode in fp32 or with --quantize int8")
     if quantize is not None and device.type != "cpu":
-        raise UserError(f"--quantize {quantize} is for CPU; on {device.type} use --dtype bf16 or fp16")
+        raise UserError(f"--quantize {quantize} is for CPU; on {device.type} use --dtype auto, bf16 or fp16")
+    if quantize is not None and dtype not in ("auto", "fp32"):
+        raise UserError(f"--quantize {quantize} replaces --dtype {dtype}: give one of them")
+    chosen, reason = choose_decode_dtype(dtype, device)
+    log.debug(f"decoding in {chosen}: {reason}")
+    return chosen
 
 
 class PackedLinear(torch.nn.Module):
@@ -508,7 +499,7 @@ def decode_file(
     max_len_a: float | None = None,
     max_len_b: float | None = None,
     device: str = "auto",
-    dtype: str = "fp32",
+    dtype: str = "auto",
     quantize: str | None = None,
 ) -> int:
     """`translate decode`: a file (or stdin, translated line by line as it arrives) to a file or
@@ -537,7 +528,7 @@ def translate_file_lines(
     workers: int = 0,
     device: str = "auto",
     output: str | Path | None = None,
-    dtype: str = "fp32",
+    dtype: str = "auto",
     quantize: str | None = None,
 ) -> list[str]:
     """`translate evaluate`: the 1-best translation of each source line (also written to `output`)."""
