@@ -60,6 +60,7 @@ from pathlib import Path
 import torch
 
 from translate.checkpoint import load_model
+from translate.hardware import describe_machine
 from translate.model import BOS, EOS, PAD, UNK, Transformer
 from translate.search import beam_search, max_output_lengths
 from translate.translator import (
@@ -360,6 +361,7 @@ def main(argv: list[str] | None = None) -> None:
             Run("CT2 greedy", ct2_translate(translator, tokens, 1, cfg, others), greedy),
             Run(f"CT2 beam {args.beam}", ct2_translate(translator, tokens, args.beam, cfg, others), beam),
         ]
+    print(describe_machine())
     print(
         f"{args.checkpoint}: {n} sentences, {len(greedy)} greedy / {len(beam)} beam batches, "
         f"{torch.get_num_threads()} threads, ours {args.workers} batch(es) at once, others {others}, "

@@ -181,3 +181,13 @@ def choose_decode_dtype(dtype: str, device: torch.device) -> tuple[str, str]:
         if not cpu_info().native_bf16:
             raise _no_native_bf16("--dtype", "bf16")
     return dtype, f"--dtype {dtype}"
+
+
+def describe_machine() -> str:
+    """One line for the top of a benchmark's output: the CPU class, native bf16, cores, threads, torch."""
+    info = cpu_info()
+    gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return (
+        f"machine: CPU capability {info.capability}, native bf16 {'yes' if info.native_bf16 else 'no'} "
+        f"({info.how}), {info.cores} cores, {torch.get_num_threads()} torch threads, torch {torch.__version__}{gpu}"
+    )
