@@ -13,7 +13,7 @@ same batches, so that a busy machine slows them alike. It prints medians over th
 - peak RSS of this process;
 - MFU (model FLOP utilisation): achieved model FLOPs/s over the machine's matmul peak, which the
   script measures in the same run as the median rate of `torch.mm` on 2048x2048 fp32 (and bf16,
-  only where the CPU multiplies bf16 natively: elsewhere bf16 is emulated and neither timed nor
+  before and after the timed windows, keeping the higher; bf16 only where the CPU multiplies bf16 natively: elsewhere bf16 is emulated and neither timed nor
   offered as a peak).
 
 The first line says which machine class the figures come from (torch's CPU capability, native
@@ -191,6 +191,8 @@ def main() -> None:
             flush=True,
         )
 
+    peak32 = max(peak32, matmul_peak(torch.float32))  # measured before and after the windows: the less disturbed
+    peak16 = max(peak16, matmul_peak(torch.bfloat16)) if native else None
     print()
     print(
         f"model: {sum(p.numel() for p in first.model.parameters()):,} parameters; batches of train.max_tokens={cfg.train.max_tokens}; threads {torch.get_num_threads()}"

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from translate.loss import label_smoothed_nll_loss
@@ -41,3 +42,33 @@ def test_smoothing_prefers_less_confident_predictions():
     soft[0, 3] = 5.0
     assert label_smoothed_nll_loss(sharp, target, 0.0)[0] < label_smoothed_nll_loss(soft, target, 0.0)[0]
     assert label_smoothed_nll_loss(sharp, target, 0.2)[0] > label_smoothed_nll_loss(soft, target, 0.2)[0]
+
+
+def reference_loss(logits, target, epsilon, ignore_index=0):
+    """The loss written with autograd's own ops, to check the hand-written backward against."""
+    lprobs = torch.log_softmax(logits, dim=-1)
+    keep = target != ignore_index
+    nll = -lprobs.gather(-1, target[..., None]).squeeze(-1) * keep
+    smooth = -lprobs.mean(-1) * keep
+    return (1 - epsilon) * nll.sum() + epsilon * smooth.sum()
+
+
+def test_hand_written_backward_equals_autograd():
+    torch.manual_seed(3)
+    logits = torch.randn(3, 6, 17, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(0, 17, (3, 6))
+    target[0, :2] = 0  # padding
+    for epsilon in (0.0, 0.1, 0.5):
+        ours = torch.autograd.grad(label_smoothed_nll_loss(logits, target, epsilon)[0] * 0.7, logits)[0]
+        expected = torch.autograd.grad(reference_loss(logits, target, epsilon) * 0.7, logits)[0]
+        torch.testing.assert_close(ours, expected)
+        assert ours[0, :2].abs().max() == 0  # padding gets no gradient
+
+
+def test_a_second_backward_is_refused_not_wrong():
+    """The backward turns the saved softmax into the gradient in place: a second one must fail loudly."""
+    logits = torch.randn(4, 5, requires_grad=True)
+    loss = label_smoothed_nll_loss(logits, torch.tensor([1, 2, 3, 4]), 0.1)[0]
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
