@@ -49,16 +49,24 @@ from translate.model import PAD, Transformer  # noqa: E402
 from translate.train import Trainer  # noqa: E402
 
 
-def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 7) -> float:
-    """Median FLOP/s of an n x n matrix product on this machine."""
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+def matmul_peak(dtype: torch.dtype, device: torch.device = torch.device("cpu"), repeats: int = 7) -> float:
+    """Median FLOP/s of an n x n matrix product on `device` (n = 2048 on a CPU, 8192 on a GPU)."""
+    n = 8192 if device.type == "cuda" else 2048
+    a, b = torch.randn(n, n, device=device).to(dtype), torch.randn(n, n, device=device).to(dtype)
     torch.mm(a, b)
     times = []
     for _ in range(repeats):
+        sync(device)
         t = time.perf_counter()
         torch.mm(a, b)
+        sync(device)
         times.append(time.perf_counter() - t)
     return 2 * n**3 / statistics.median(times)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def model_flops(model: Transformer, batch: Batch) -> float:
@@ -93,9 +101,12 @@ class Timed:
         tokens = sum(sum(real_tokens(b)) for b in batches)
         targets = sum(b.ntokens for b in batches)
         flops = sum(model_flops(self.flops_model, b) for b in batches)
+        device = next(self.flops_model.parameters()).device
+        sync(device)
         t = time.perf_counter()
         for b in batches:
             self.step(b)
+        sync(device)
         dt = time.perf_counter() - t
         self.tok_s.append(tokens / dt)
         self.tgt_s.append(targets / dt)
@@ -159,12 +170,13 @@ def main() -> None:
         bf16_loss(cfg, args.bf16_loss_steps)
         return
 
-    native = cpu_info().native_bf16
     print(describe_machine(), flush=True)
     amp = {"fp32": "off", "bf16": "bf16"}
+    native = cpu_info().native_bf16 or torch.cuda.is_available()
     precisions = (args.precisions or ("fp32,bf16" if native else "fp32")).split(",")
     trainers = {p: make_trainer(cfg, amp[p]) for p in precisions}
     first = next(iter(trainers.values()))
+    device = first.device
     index_batches = first.epoch_batches(0)
     pad = padding_fraction(index_batches, first.train_data.src_lens, first.train_data.tgt_lens)
     need = args.warmup + args.window * args.windows
@@ -175,8 +187,8 @@ def main() -> None:
         ref = ReferenceTrainer(cfg, first.tokenizer.vocab_size)
         contenders.append(Timed("reference nn.Transformer fp32", ref.step, first.model))
 
-    peak32 = matmul_peak(torch.float32)
-    peak16 = matmul_peak(torch.bfloat16) if native else None
+    peak32 = matmul_peak(torch.float32, device)
+    peak16 = matmul_peak(torch.bfloat16, device) if native else None
     for c in contenders:
         for b in batches[: args.warmup]:
             c.step(b)
@@ -191,15 +203,15 @@ def main() -> None:
             flush=True,
         )
 
-    peak32 = max(peak32, matmul_peak(torch.float32))  # measured before and after the windows: the less disturbed
-    peak16 = max(peak16, matmul_peak(torch.bfloat16)) if native else None
+    peak32 = max(peak32, matmul_peak(torch.float32, device))  # before and after the windows: the less disturbed
+    peak16 = max(peak16, matmul_peak(torch.bfloat16, device)) if native else None
     print()
     print(
         f"model: {sum(p.numel() for p in first.model.parameters()):,} parameters; batches of train.max_tokens={cfg.train.max_tokens}; threads {torch.get_num_threads()}"
     )
     print(f"padding: {pad:.2%} of source + target positions in the epoch's {len(index_batches)} batches")
     bf16_peak = f"bf16 {peak16 / 1e9:,.0f} GFLOP/s" if peak16 else "bf16 not native here (no bf16 peak)"
-    print(f"matmul peak (torch.mm 2048^2, median): fp32 {peak32 / 1e9:,.0f} GFLOP/s, {bf16_peak}")
+    print(f"matmul peak (torch.mm on {device}, median): fp32 {peak32 / 1e9:,.0f} GFLOP/s, {bf16_peak}")
     mfu16 = f" {'MFU bf16':>9}" if peak16 else ""
     print(f"{'trainer':32} {'tokens/s':>10} {'target tok/s':>13} {'GFLOP/s':>9} {'MFU fp32':>9}{mfu16}")
     for c in contenders:

@@ -360,7 +360,7 @@ class Trainer:
             limit = self.cfg.train.eval_max_sentences or len(self.valid_src)
             hyps = self._translate(self.valid_src[:limit])
             s = score(hyps, self.valid_ref[:limit])
-            scores += torch.tensor([s["bleu"], s["chrf"]], dtype=torch.float64)
+            scores += torch.tensor([s["bleu"], s["chrf"]], dtype=torch.float64, device=self.device)
             self._log_samples(hyps)
         if self.distributed:
             dist.broadcast(scores, 0)  # every rank takes the same early-stopping decision
