@@ -143,3 +143,31 @@ def test_dropout_keeps_the_expectation_and_is_seeded():
     torch.manual_seed(3)
     assert torch.equal(drop(x), y)
     assert torch.equal(drop.eval()(x), x) and torch.equal(Dropout(0.0).train()(x), x)
+
+
+@pytest.mark.parametrize("init", ["normal", "xavier"])
+@pytest.mark.parametrize("tie", [True, False])
+def test_initialisation_is_seeded_and_follows_model_init(init, tie):
+    """The same seed gives the same weights in every process (untied embeddings included), the
+    PAD embedding is zero, biases are zero, and `normal` draws matrices and embeddings N(0, 0.02)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch; from translate.config import ModelConfig; from translate.model import Transformer\n"
+        f"torch.manual_seed(0); m = Transformer(ModelConfig(d_model=64, d_ff=128, init={init!r}, tie_embeddings={tie}), 500)\n"
+        "print(sum(float(p.double().sum()) * (i + 1) for i, p in enumerate(m.parameters())))"
+    )
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout for _ in range(2)}
+    assert len(runs) == 1  # a fresh process each: module hashes differ, the weights must not
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(d_model=64, d_ff=128, init=init, tie_embeddings=tie), 500)
+    for emb in (model.embed, model.tgt_embed):
+        assert emb.weight[PAD].abs().sum() == 0
+    assert all(float(p.detach().abs().sum()) == 0 for n, p in model.named_parameters() if n.endswith(".bias"))
+    w1 = model.encoder[0].ffn.linear1.weight
+    if init == "normal":
+        assert abs(float(w1.std()) - 0.02) < 0.002 and abs(float(model.embed.weight[4:].std()) - 0.02) < 0.002
+    else:
+        bound = (6 / sum(w1.shape)) ** 0.5  # xavier-uniform
+        assert float(w1.abs().max()) <= bound and abs(float(model.embed.weight[4:].std()) - 64**-0.5) < 0.01

@@ -29,13 +29,13 @@ def test_overfits_32_pairs(tmp_path):
             },
             "train": {
                 "max_tokens": 4000,
-                "max_steps": 250,
+                "max_steps": 400,
                 "lr": 3e-3,
                 "warmup_steps": 30,
                 "label_smoothing": 0.0,
                 "log_every": 50,
-                "eval_every": 250,
-                "save_every": 250,
+                "eval_every": 400,
+                "save_every": 400,
             },
         }  # fmt: skip
     )

@@ -63,6 +63,9 @@ class ModelConfig:
     decoder_layers: int = 3
     dropout: float = 0.1
     attention_dropout: float = 0.0
+    # normal: every weight matrix and embedding N(0, 0.02) (BERT, BART, Marian); xavier: xavier-uniform
+    # matrices and N(0, d_model^-0.5) embeddings (fairseq). See docs/experiments.md.
+    init: Literal["normal", "xavier"] = "normal"
     norm: Literal["post", "pre"] = "post"
     tie_embeddings: bool = True
     max_positions: int = 1024

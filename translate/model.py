@@ -299,13 +299,16 @@ class Transformer(nn.Module):
             self.output.weight = self.embed.weight
 
     def reset_parameters(self) -> None:
+        """model.init normal: weight matrices and embeddings N(0, 0.02); xavier: xavier-uniform
+        matrices, embeddings N(0, d_model^-0.5). Biases 0, LayerNorm 1/0, the PAD embedding 0."""
+        normal = self.cfg.init == "normal"
         for name, p in self.named_parameters():
             if p.dim() > 1:
-                nn.init.xavier_uniform_(p)
+                nn.init.normal_(p, 0.0, 0.02) if normal else nn.init.xavier_uniform_(p)
             elif name.endswith(".bias"):
                 nn.init.zeros_(p)
-        for emb in {self.embed, self.tgt_embed}:
-            nn.init.normal_(emb.weight, mean=0.0, std=self.cfg.d_model**-0.5)
+        for emb in dict.fromkeys([self.embed, self.tgt_embed]):  # in order (a set of modules is not)
+            nn.init.normal_(emb.weight, mean=0.0, std=0.02 if normal else self.cfg.d_model**-0.5)
             nn.init.zeros_(emb.weight[PAD])
 
     # -------------------------------------------------------------------- pieces
