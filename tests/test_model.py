@@ -158,7 +158,10 @@ def test_initialisation_is_seeded_and_follows_model_init(init, tie):
         f"torch.manual_seed(0); m = Transformer(ModelConfig(d_model=64, d_ff=128, init={init!r}, tie_embeddings={tie}), 500)\n"
         "print(sum(float(p.double().sum()) * (i + 1) for i, p in enumerate(m.parameters())))"
     )
-    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout for _ in range(2)}
+    runs = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        for _ in range(2)
+    }
     assert len(runs) == 1  # a fresh process each: module hashes differ, the weights must not
     torch.manual_seed(0)
     model = Transformer(ModelConfig(d_model=64, d_ff=128, init=init, tie_embeddings=tie), 500)
