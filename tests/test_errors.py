@@ -561,7 +561,7 @@ def test_out_of_memory_while_training_names_the_settings(cli, run_copy, monkeypa
 
 
 def test_atomic_write_lands_whole_or_not_at_all(tmp_path):
-    from translate.errors import atomic_write
+    from translate.textio import atomic_write
 
     target = tmp_path / "out.txt"
     target.write_text("before\n")

@@ -164,7 +164,7 @@ def test_diff_marks_the_differing_words():
 def test_line_counts_must_match_and_writes_are_atomic(tmp_path):
     with pytest.raises(UserError, match="line counts must match"):
         build_report(["a", "b"], ["a"])
-    with pytest.raises(UserError, match="directory not found"):
+    with pytest.raises(UserError, match="directory .*missing does not exist"):
         write_report(tmp_path / "missing" / "r.html", "x")
     write_report(tmp_path / "r.html", "<p>é</p>")
     assert [p.name for p in tmp_path.iterdir()] == ["r.html"]
@@ -205,7 +205,7 @@ def test_evaluate_report_mistakes_are_one_line(tmp_path):
     ]
     assert not (tmp_path / "r.html").exists()
     missing = CliRunner().invoke(app, ["evaluate", "--hyp", str(ref), "--ref", str(ref), "--report", "no/r.html"])
-    assert isinstance(missing.exception, UserError) and "directory not found: no" in str(missing.exception)
+    assert isinstance(missing.exception, UserError) and "directory no does not exist" in str(missing.exception)
 
 
 # ---------------------------------------------------------------------------- in a real browser

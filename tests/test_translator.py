@@ -15,6 +15,7 @@ from translate.checkpoint import CHECKPOINT_FORMAT
 from translate.config import Config, DecodeConfig, ModelConfig, config_to_dict
 from translate.errors import UserError
 from translate.model import Transformer
+from translate.textio import read_lines, write_translations
 from translate.tokenizer import Tokenizer
 from translate.translator import (
     check_precision,
@@ -24,11 +25,9 @@ from translate.translator import (
     keep_freed_memory,
     load_models,
     plot_attention,
-    read_lines,
     token_batches,
     translate_file_lines,
     translate_lines,
-    write_translations,
 )
 
 WORDS = (

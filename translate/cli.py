@@ -10,7 +10,7 @@ from typing import Annotated, Literal, Optional
 
 import typer
 
-from translate.errors import UserError, check_output_path, os_error_line
+from translate.errors import UserError, os_error_line
 
 app = typer.Typer(
     add_completion=False,
@@ -201,26 +201,25 @@ def evaluate(
     quantize: QuantizeOpt = None,
 ) -> None:
     """sacreBLEU BLEU and chrF (with signatures) of a checkpoint on --src/--ref, or of --hyp against --ref."""
-    from translate.evaluate import format_scores, read_lines, score, write_json
-    from translate.report import build_report, check_report_path, write_report
+    from translate.evaluate import format_scores, score
+    from translate.report import build_report, write_report
+    from translate.textio import check_output_path, read_all_lines, write_json
     from translate.translator import translate_file_lines
 
-    if report:
-        check_report_path(report, [ref, src, hyp, hyp_b, *(checkpoints or [])])
-    for option, path in (("--output", output), ("--json", json_out)):
+    for option, path in (("--report", report), ("--output", output), ("--json", json_out)):
         if path is not None:
             check_output_path(path, option, [ref, src, hyp, hyp_b, *(checkpoints or [])])
-    references = read_lines(ref, "reference")
-    sources = read_lines(src, "source") if src is not None else None
+    references = read_all_lines(ref, "reference")
+    sources = read_all_lines(src, "source") if src is not None else None
     if sources is not None and len(sources) != len(references):
         raise UserError(f"{src} has {len(sources)} lines but {ref} has {len(references)}: they must match")
-    hypotheses_b = read_lines(hyp_b, "second hypothesis") if hyp_b is not None else None
+    hypotheses_b = read_all_lines(hyp_b, "second hypothesis") if hyp_b is not None else None
     if hypotheses_b is not None and len(hypotheses_b) != len(references):
         raise UserError(f"{hyp_b} has {len(hypotheses_b)} lines but {ref} has {len(references)}: they must match")
     if hyp is not None:
         if checkpoints:
             raise UserError("give either --hyp (score existing output) or a checkpoint with --src, not both")
-        hypotheses = read_lines(hyp, "hypothesis")
+        hypotheses = read_all_lines(hyp, "hypothesis")
         if len(hypotheses) != len(references):
             raise UserError(f"{hyp} has {len(hypotheses)} lines but {ref} has {len(references)}: they must match")
     else:

@@ -21,6 +21,7 @@ import torch  # noqa: E402
 
 from translate.errors import UserError  # noqa: E402
 from translate.model import BOS, EOS, Transformer  # noqa: E402
+from translate.textio import check_output_path  # noqa: E402
 from translate.tokenizer import Tokenizer  # noqa: E402
 
 AttentionKind = Literal["cross", "encoder", "decoder"]
@@ -247,10 +248,8 @@ def curves_figure(runs: Sequence[str | Path], labels: Sequence[str] | None = Non
 
 def save_figure(fig, output: str | Path, dpi: int = 150) -> None:
     """Save as PNG (or any format matplotlib knows from the suffix: pdf, svg ...), then close."""
-    output = Path(output)
     try:
-        if not output.parent.is_dir():
-            raise UserError(f"output directory not found: {output.parent}")
+        output = check_output_path(output, "--output")
         kind = output.suffix.lstrip(".").lower()
         if kind not in fig.canvas.get_supported_filetypes():
             known = ", ".join(sorted(fig.canvas.get_supported_filetypes()))

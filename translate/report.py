@@ -19,8 +19,9 @@ from pathlib import Path
 
 from sacrebleu.metrics import CHRF
 
-from translate.errors import UserError, atomic_write
+from translate.errors import UserError
 from translate.evaluate import score
+from translate.textio import write_text
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; base-uri 'none'"
 COLOURS = ("#3b6fb6", "#d9822b")  # system A, system B
@@ -257,23 +258,9 @@ def build_report(
 """
 
 
-def check_report_path(path: str | Path, inputs: Sequence[str | Path | None] = ()) -> None:
-    """Fail early (before any translation) if the report cannot be written at `path`."""
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise UserError(f"--report: directory not found: {path.parent}")
-    if path.is_dir():
-        raise UserError(f"--report {path} is a directory; give a file name such as report.html")
-    if any(p is not None and Path(p).resolve() == path.resolve() for p in inputs):
-        raise UserError(f"--report {path} is one of the input files; choose another file")
-
-
 def write_report(path: str | Path, page: str) -> None:
     """Write the page atomically: a temporary file in the same directory, renamed at the end."""
-    path = Path(path)
-    check_report_path(path)
-    with atomic_write(path) as f:
-        f.write(page)
+    write_text(path, page, "--report")
 
 
 _CSS = """

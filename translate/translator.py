@@ -5,8 +5,8 @@
 once), sorts each chunk by source length into token-budget batches, decodes them with
 search.py, restores the input order and yields one n-best list of (text, score) per input line.
 Blank lines give empty translations without running the model; a source longer than the model
-can hold is cut to its first `max_positions - 1` pieces. `read_lines` and `write_translations`
-are the file ends that the CLI calls.
+can hold is cut to its first `max_positions - 1` pieces. The file ends (`read_lines`,
+`write_translations`) are in textio.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import copy
 import ctypes
 import itertools
 import logging
-import os
 import queue
 import sys
 import threading
@@ -24,21 +23,20 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Literal, TypeVar
+from typing import Literal, TypeVar
 
 import torch
 
 from translate.checkpoint import load_model
 from translate.config import Config
-from translate.errors import UserError, atomic_write, check_output_path, is_out_of_memory, text_lines
+from translate.errors import UserError, is_out_of_memory
 from translate.hardware import DTYPES, choose_decode_dtype, resolve_device
 from translate.model import EOS, PAD, Transformer
 from translate.search import Hypothesis, beam_search
+from translate.textio import Translation, check_output_path, read_lines, write_translations
 from translate.tokenizer import Tokenizer
 
 log = logging.getLogger("translate")
-
-Translation = list[tuple[str, float]]  # one input line's n-best list: (text, score), best first
 
 
 def translate_lines(
@@ -275,74 +273,6 @@ def eval_mode(models: list[Transformer]) -> Iterator[None]:
             m.train(training)
 
 
-# ---------------------------------------------------------------------------- the file ends
-
-
-def read_lines(path: str | Path = "-") -> Iterator[str]:
-    """The lines of a UTF-8 text file, or stdin for '-', without line ends, read lazily.
-
-    A missing file or undecodable bytes raise UserError naming the file (and line).
-    """
-    if str(path) == "-":
-        return text_lines(_stdin(), "<stdin>")
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"input file not found: {path}")
-    if path.is_dir():
-        raise UserError(f"input {path} is a directory; give a text file")
-    return text_lines(path.open("rb"), str(path))
-
-
-def _stdin() -> IO[bytes]:
-    """stdin's bytes through a file object of our own (a duplicate of its descriptor): a reader
-    thread still blocked in it at exit then holds no lock that Python's shutdown needs."""
-    try:
-        return open(os.dup(sys.stdin.fileno()), "rb")
-    except (AttributeError, OSError, ValueError):  # no real descriptor (e.g. replaced by a test)
-        return sys.stdin.buffer
-
-
-def format_translation(index: int, translation: Translation, nbest_format: Literal["text", "tsv"]) -> str:
-    """The output lines of one input line: its texts one a line ('text'), or
-    index<TAB>score<TAB>text ('tsv'); texts never break a line (or a TSV field)."""
-    out = []
-    for text, score in translation:
-        text = " ".join(text.splitlines())
-        if nbest_format == "tsv":
-            out.append(f"{index}\t{score:.4f}\t{text.replace(chr(9), ' ')}\n")
-        else:
-            out.append(text + "\n")
-    return "".join(out)
-
-
-def write_translations(
-    translations: Iterable[Translation], output: str | Path = "-", *, nbest_format: Literal["text", "tsv"] = "text"
-) -> int:
-    """Write translations (from translate_lines) to a file or stdout ('-'); returns the line count.
-
-    'text': each hypothesis's text on its own line (K lines per input line for K-best lists);
-    'tsv': index<TAB>score<TAB>text, index counting input lines from 0. stdout is flushed after
-    every input line (pipes and terminals see each translation at once); a file is written
-    under a temporary name and renamed at the end, so an error never leaves a half-written file.
-    """
-    if nbest_format not in ("text", "tsv"):
-        raise UserError(f"n-best format must be 'text' or 'tsv', got {nbest_format!r}")
-    if str(output) == "-":
-        return _write(translations, sys.stdout, nbest_format, flush=True)
-    path = check_output_path(output, "--output")
-    with atomic_write(path) as f:
-        return _write(translations, f, nbest_format, flush=False)
-
-
-def _write(translations: Iterable[Translation], f: IO[str], nbest_format: Literal["text", "tsv"], flush: bool) -> int:
-    count = 0
-    for count, translation in enumerate(translations, start=1):
-        f.write(format_translation(count - 1, translation, nbest_format))
-        if flush:
-            f.flush()
-    return count
-
-
 # ---------------------------------------------------------------------------- checkpoints in (the CLI's calls)
 
 
@@ -572,8 +502,7 @@ def plot_attention(
         raise UserError(f"--head {head}: the model has {n_heads} heads (0..{n_heads - 1})")
     if not sentence.strip():
         raise UserError("the sentence to translate is empty")
-    if not Path(output).parent.is_dir():
-        raise UserError(f"output directory not found: {Path(output).parent}")
+    check_output_path(output, "--output", [checkpoint])
     options = decode_options(cfg, beam)
     device = next(model.parameters()).device
     src = pad_batch([encode_sources(tokenizer, [sentence], model.cfg.max_positions - 1)[0]], device)  # (1, S)
