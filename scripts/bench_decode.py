@@ -61,8 +61,9 @@ import torch
 
 from translate.checkpoint import load_model
 from translate.hardware import describe_machine
-from translate.model import BOS, EOS, PAD, UNK, Transformer
+from translate.model import Transformer
 from translate.search import beam_search, max_output_lengths
+from translate.tokenizer import BOS, EOS, PAD, UNK
 from translate.translator import (
     decode_workers,
     encode_sources,

@@ -9,7 +9,7 @@ import torch
 
 from translate import search
 from translate.config import ModelConfig
-from translate.model import BOS, EOS, PAD, UNK, Transformer
+from translate.model import Transformer
 from translate.search import (
     Ensemble,
     Finished,
@@ -23,6 +23,7 @@ from translate.search import (
     split_candidates,
     top_candidates,
 )
+from translate.tokenizer import BOS, EOS, PAD, UNK
 
 VOCAB = 50
 INF = float("-inf")

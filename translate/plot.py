@@ -20,9 +20,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from translate.errors import UserError  # noqa: E402
-from translate.model import BOS, EOS, Transformer  # noqa: E402
+from translate.model import Transformer  # noqa: E402
 from translate.textio import check_output_path  # noqa: E402
-from translate.tokenizer import Tokenizer  # noqa: E402
+from translate.tokenizer import (  # noqa: E402
+    BOS,
+    EOS,
+    Tokenizer,  # noqa: E402
+)
 
 AttentionKind = Literal["cross", "encoder", "decoder"]
 AXES = {  # kind -> (x label, y label)

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from translate.model import BOS, EOS, PAD
+from translate.tokenizer import BOS, EOS, PAD
 
 NEG_INF = float("-inf")
 COMPACT_SHARE = 0.25  # greedy: drop finished rows from the batch once this share of its rows has finished

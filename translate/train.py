@@ -48,11 +48,11 @@ from translate.errors import UserError, is_out_of_memory
 from translate.evaluate import score
 from translate.hardware import choose_amp, cpu_info, resolve_device
 from translate.loss import label_smoothed_nll_loss
-from translate.model import PAD, Transformer, count_parameters
+from translate.model import Transformer, count_parameters
 from translate.plot import attention_figure, attention_maps, figure_to_array, heads_figure, sample_indices
 from translate.report import sentence_chrf
 from translate.textio import read_all_lines
-from translate.tokenizer import Tokenizer
+from translate.tokenizer import PAD, Tokenizer
 from translate.translator import translate_lines
 
 log = logging.getLogger("translate")

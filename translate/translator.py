@@ -31,10 +31,10 @@ from translate.checkpoint import load_model
 from translate.config import Config
 from translate.errors import UserError, is_out_of_memory
 from translate.hardware import DTYPES, choose_decode_dtype, resolve_device
-from translate.model import EOS, PAD, Transformer
+from translate.model import Transformer
 from translate.search import Hypothesis, beam_search
 from translate.textio import Translation, check_output_path, read_lines, write_translations
-from translate.tokenizer import Tokenizer
+from translate.tokenizer import EOS, PAD, Tokenizer
 
 log = logging.getLogger("translate")
 
