@@ -383,7 +383,7 @@ def test_out_of_memory_while_decoding_names_the_setting(cli, trained_run, files,
     def oom(*args, **kwargs):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
 
-    monkeypatch.setattr("translate.translator.beam_search", oom)
+    monkeypatch.setattr("translate.decoding.beam_search", oom)
     out = files.dir / "out.fr"
     code, _, err = cli("decode", trained_run[0] / "checkpoints" / "best.pt", "-i", files.odd_en, "-o", out)
     assert_one_error(code, err, "out of memory", "--batch-tokens")

@@ -44,6 +44,7 @@ from translate.checkpoint import (
 )
 from translate.config import Config, config_to_dict, parse_duration, save_config
 from translate.data import Batch, collate, is_prepared, load_split, prepare, token_batches
+from translate.decoding import translate_lines
 from translate.errors import UserError, is_out_of_memory
 from translate.evaluate import score
 from translate.hardware import choose_amp, cpu_info, resolve_device
@@ -53,7 +54,6 @@ from translate.plot import attention_figure, attention_maps, figure_to_array, he
 from translate.report import sentence_chrf
 from translate.textio import read_all_lines
 from translate.tokenizer import PAD, Tokenizer
-from translate.translator import translate_lines
 
 log = logging.getLogger("translate")
 
@@ -375,10 +375,7 @@ class Trainer:
             [self.model],
             self.tokenizer,
             lines,
-            beam_size=self.cfg.train.eval_beam_size,
-            length_penalty=d.length_penalty,
-            max_len_a=d.max_len_a,
-            max_len_b=d.max_len_b,
+            d.search_options(beam_size=self.cfg.train.eval_beam_size),
             batch_tokens=d.batch_tokens,
             device=self.device,
             workers=1,  # one batch at a time on every thread, as the published runs were validated
