@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 
 from translate.cli import app
 from translate.errors import UserError
-from translate.report import build_report, diff_html, histogram_svg, length_ratio, sentence_chrf, write_report
+from translate.evaluate import sentence_chrf
+from translate.report import build_report, diff_html, histogram_svg, length_ratio, write_report
 
 NASTY = [
     "<script>alert('x')</script> & \"quotes\" </td></tr>",

@@ -36,7 +36,6 @@ import sentencepiece as spm
 import torch
 from tqdm import tqdm
 
-from translate.batching import token_batches  # noqa: F401 (the training loop imports it from here)
 from translate.config import Config, config_to_dict
 from translate.errors import UserError
 from translate.sources import open_source

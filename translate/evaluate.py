@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
@@ -26,6 +27,12 @@ def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
         "bleu_detail": str(b),
         "sentences": len(hypotheses),
     }
+
+
+def sentence_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> list[float]:
+    """sacreBLEU's sentence-level chrF of each hypothesis against its reference (0..100)."""
+    chrf = CHRF()
+    return [round(chrf.sentence_score(h, [r]).score, 2) for h, r in zip(hypotheses, references, strict=True)]
 
 
 def format_scores(scores: dict[str, Any]) -> str:

@@ -17,21 +17,13 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from sacrebleu.metrics import CHRF
-
 from translate.errors import UserError
-from translate.evaluate import score
+from translate.evaluate import score, sentence_chrf
 from translate.textio import write_text
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; base-uri 'none'"
 COLOURS = ("#3b6fb6", "#d9822b")  # system A, system B
 _TOKEN = re.compile(r"(\w+|[^\w\s])(\s*)")
-
-
-def sentence_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> list[float]:
-    """sacreBLEU's sentence-level chrF of each hypothesis against its reference (0..100)."""
-    chrf = CHRF()
-    return [round(chrf.sentence_score(h, [r]).score, 2) for h, r in zip(hypotheses, references, strict=True)]
 
 
 def length_ratio(hypothesis: str, reference: str) -> float | None:

@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
+from translate.batching import token_batches
 from translate.checkpoint import (
     CHECKPOINT_FORMAT,
     atomic_save,
@@ -43,15 +44,14 @@ from translate.checkpoint import (
     versions,
 )
 from translate.config import Config, config_to_dict, parse_duration, save_config
-from translate.data import Batch, collate, is_prepared, load_split, prepare, token_batches
+from translate.data import Batch, collate, is_prepared, load_split, prepare
 from translate.decoding import translate_lines
 from translate.errors import UserError, is_out_of_memory
-from translate.evaluate import score
+from translate.evaluate import score, sentence_chrf
 from translate.hardware import choose_amp, cpu_info, resolve_device
 from translate.loss import label_smoothed_nll_loss
 from translate.model import Transformer, count_parameters
 from translate.plot import attention_figure, attention_maps, figure_to_array, heads_figure, sample_indices
-from translate.report import sentence_chrf
 from translate.textio import read_all_lines
 from translate.tokenizer import PAD, Tokenizer
 
