@@ -409,3 +409,23 @@ def test_packed_linears_decode_as_the_model(model, tokenizer, monkeypatch):
             assert [s for _, s in a] == pytest.approx([s for _, s in b], abs=1e-4)
     monkeypatch.setattr("translate.inference.can_pack_linear", lambda: False)
     assert for_inference(model) is model
+
+
+def test_packed_linear_is_checked_against_f_linear(monkeypatch, model):
+    """The private oneDNN ops are used only where they agree with F.linear; a build where they
+    disagree (or fail) decodes through the model's own nn.Linear layers."""
+    from translate import inference
+
+    inference.can_pack_linear.cache_clear()
+    try:
+        if inference.can_pack_linear():  # this build: they agree, and the fp32 CPU model is packed
+            assert any(isinstance(m, inference.PackedLinear) for m in for_inference(model).modules())
+        wrong = lambda x, w, b, *a: torch.zeros(x.shape[0], b.shape[0] if b is not None else 40)  # noqa: E731
+        monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", wrong, raising=False)
+        inference.can_pack_linear.cache_clear()
+        assert not inference.can_pack_linear()
+        plain = for_inference(model)
+        assert not any(isinstance(m, inference.PackedLinear) for m in plain.modules())
+    finally:
+        monkeypatch.undo()
+        inference.can_pack_linear.cache_clear()

@@ -22,7 +22,8 @@ from typing import TypeVar
 import torch
 
 from translate.config import DecodeConfig, SearchOptions, at_least
-from translate.errors import UserError, is_out_of_memory
+from translate.errors import UserError
+from translate.hardware import is_out_of_memory
 from translate.model import Transformer
 from translate.search import Hypothesis, beam_search
 from translate.textio import Translation

@@ -42,11 +42,3 @@ def is_disk_full(error: BaseException | None) -> bool:
             return True
         error = error.__cause__ or error.__context__
     return False
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """Whether `error` says a tensor did not fit: torch.OutOfMemoryError (CUDA), the CPU
-    allocator's RuntimeError, or Python's MemoryError."""
-    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
-        return True
-    return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)

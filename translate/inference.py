@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import functools
 import logging
 import sys
 import warnings
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from translate.checkpoint import load_model
 from translate.config import Config
@@ -73,9 +75,30 @@ class PackedLinear(torch.nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
+@functools.cache
 def can_pack_linear() -> bool:
-    """Whether this torch build has oneDNN's packed fp32 linear (x86 builds usually do)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    """Whether oneDNN's packed fp32 linear can replace nn.Linear: the build has its two private
+    ops (x86 builds usually do) and, checked once, they agree with the public F.linear on a
+    small layer (with and without bias, at a step's row count and another). Otherwise decoding
+    takes the public path: the model's own nn.Linear layers."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    generator = torch.Generator().manual_seed(0)
+    try:
+        for bias, rows in ((True, 64), (False, 5)):
+            linear = torch.nn.Linear(48, 40, bias=bias)
+            with torch.no_grad():
+                linear.weight.copy_(torch.randn(40, 48, generator=generator))
+                if bias:
+                    linear.bias.copy_(torch.randn(40, generator=generator))
+                x = torch.randn(rows, 48, generator=generator)
+                if not torch.allclose(PackedLinear(linear)(x), F.linear(x, linear.weight, linear.bias), 1e-4, 1e-4):
+                    log.warning("oneDNN's packed linear disagrees with F.linear here: decoding uses F.linear")
+                    return False
+    except (RuntimeError, AttributeError, TypeError) as e:
+        log.warning(f"oneDNN's packed linear failed ({type(e).__name__}): decoding uses F.linear")
+        return False
+    return True
 
 
 def for_inference(model: Transformer, dtype: str = "fp32", quantize: str | None = None) -> Transformer:
@@ -83,9 +106,8 @@ def for_inference(model: Transformer, dtype: str = "fp32", quantize: str | None 
     included) are dynamically quantized to int8: weights int8, activations quantized per batch
     (torch.ao.quantization.quantize_dynamic, fbgemm/x86). fp32 on CPU: a copy whose linear layers
     are `PackedLinear` (where the build has oneDNN). Otherwise the model cast to `dtype` in place
-    (search keeps its scores in fp32). On CPU it also calls `keep_freed_memory`."""
-    if next(model.parameters()).device.type == "cpu":
-        keep_freed_memory()
+    (search keeps its scores in fp32). Nothing process-wide changes: the CLI's decoding commands
+    call `keep_freed_memory` themselves."""
     if quantize is None:
         if dtype == "fp32" and next(model.parameters()).device.type == "cpu" and can_pack_linear():
             return pack_linears(model)

@@ -46,9 +46,9 @@ from translate.checkpoint import (
 from translate.config import Config, config_to_dict, parse_duration, save_config
 from translate.data import Batch, collate, is_prepared, load_split, prepare
 from translate.decoding import translate_lines
-from translate.errors import UserError, is_out_of_memory
+from translate.errors import UserError
 from translate.evaluate import score, sentence_chrf
-from translate.hardware import choose_amp, cpu_info, resolve_device
+from translate.hardware import choose_amp, cpu_info, is_out_of_memory, resolve_device
 from translate.loss import label_smoothed_nll_loss
 from translate.model import Transformer, count_parameters
 from translate.plot import attention_figure, attention_maps, figure_to_array, heads_figure, sample_indices
