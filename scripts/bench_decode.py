@@ -62,7 +62,7 @@ import torch
 from translate.checkpoint import load_model
 from translate.decoding import decode_batches, decode_workers, encode_sources, in_workers, pad_batch
 from translate.hardware import describe_machine
-from translate.inference import for_inference
+from translate.inference import for_inference, keep_freed_memory
 from translate.model import Transformer
 from translate.search import beam_search, max_output_lengths
 from translate.tokenizer import BOS, EOS, PAD, UNK
@@ -326,6 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = dataclasses.replace(cfg, decode=dataclasses.replace(cfg.decode, length_penalty=args.length_penalty))
     greedy, beam = (read_batches(args, model, tokenizer, cfg, b) for b in (1, args.beam))
     n = sum(b.size(0) for b in beam)
+    keep_freed_memory()  # as `translate decode` does (the library itself never does)
     fast = for_inference(model, quantize=args.quantize)
     runs = [
         Run("greedy", ours([fast], 1, cfg, True, args.workers), greedy),
