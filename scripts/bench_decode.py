@@ -15,7 +15,7 @@ budget, --batch-tokens or the checkpoint's decode.batch_tokens, batched for each
 decodes --workers batches at once, as `translate decode` does (by default 2 on 2+ threads, each
 on half of them; with a token budget each gets half of it); HF and CTranslate2 one at a time on
 every thread, as they ship, or with --workers-all as many as ours (CTranslate2 through its own
-inter_threads). The process keeps freed memory for reuse (translator.keep_freed_memory, which
+inter_threads). The process keeps freed memory for reuse (inference.keep_freed_memory, which
 `translate decode` does too), for every system alike. The runs take turns,
 repeat after repeat, so that a busy machine slows them alike; it prints the median over the
 repeats of:
@@ -60,17 +60,12 @@ from pathlib import Path
 import torch
 
 from translate.checkpoint import load_model
+from translate.decoding import decode_batches, decode_workers, encode_sources, in_workers, pad_batch
 from translate.hardware import describe_machine
-from translate.model import BOS, EOS, PAD, UNK, Transformer
+from translate.inference import for_inference, keep_freed_memory
+from translate.model import Transformer
 from translate.search import beam_search, max_output_lengths
-from translate.translator import (
-    decode_workers,
-    encode_sources,
-    for_inference,
-    in_workers,
-    pad_batch,
-    token_batches,
-)
+from translate.tokenizer import BOS, EOS, PAD, UNK
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -110,7 +105,7 @@ def read_batches(args: argparse.Namespace, model: Transformer, tokenizer, cfg, b
         groups = [order[i : i + args.batch_sentences] for i in range(0, len(order), args.batch_sentences)]
     else:
         budget = (args.batch_tokens or cfg.decode.batch_tokens) // args.workers
-        groups = token_batches([len(s) for s in sources], budget, beam)
+        groups = decode_batches([len(s) for s in sources], budget, beam)
     return [pad_batch([sources[i] for i in group], torch.device("cpu")) for group in groups]
 
 
@@ -161,7 +156,7 @@ class Run:
 
 def in_turn(decode_batch, workers: int = 1):
     """A system's decode over batches from its decode of one batch (1-best token lists), `workers`
-    batches at once as `translate decode` runs them (translator.in_workers)."""
+    batches at once as `translate decode` runs them (decoding.in_workers)."""
 
     def decode(batches: list[torch.Tensor]) -> list[list[int]]:
         return [tokens for out in in_workers(decode_batch, batches, workers) for tokens in out]
@@ -170,10 +165,10 @@ def in_turn(decode_batch, workers: int = 1):
 
 
 def ours(models: list[Transformer], beam: int, cfg, use_cache: bool = True, workers: int = 1):
-    search = dict(length_penalty=cfg.decode.length_penalty, max_len_a=cfg.decode.max_len_a)
+    search = cfg.decode.search_options(beam_size=beam)
 
     def decode(src: torch.Tensor) -> list[list[int]]:
-        hyps = beam_search(models, src, beam, max_len_b=cfg.decode.max_len_b, use_cache=use_cache, **search)
+        hyps = beam_search(models, src, search, use_cache=use_cache)
         return [h[0].tokens for h in hyps]
 
     return in_turn(decode, workers)
@@ -331,6 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = dataclasses.replace(cfg, decode=dataclasses.replace(cfg.decode, length_penalty=args.length_penalty))
     greedy, beam = (read_batches(args, model, tokenizer, cfg, b) for b in (1, args.beam))
     n = sum(b.size(0) for b in beam)
+    keep_freed_memory()  # as `translate decode` does (the library itself never does)
     fast = for_inference(model, quantize=args.quantize)
     runs = [
         Run("greedy", ours([fast], 1, cfg, True, args.workers), greedy),

@@ -45,7 +45,8 @@ from translate.batching import padding_fraction  # noqa: E402
 from translate.config import Config, load_config  # noqa: E402
 from translate.data import Batch, collate  # noqa: E402
 from translate.hardware import cpu_info, describe_machine  # noqa: E402
-from translate.model import PAD, Transformer  # noqa: E402
+from translate.model import Transformer  # noqa: E402
+from translate.tokenizer import PAD  # noqa: E402
 from translate.train import Trainer  # noqa: E402
 
 

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from translate.config import Config
 from translate.data import Batch
-from translate.model import PAD, sinusoidal_positions
+from translate.model import sinusoidal_positions
+from translate.tokenizer import PAD
 
 
 class ReferenceModel(nn.Module):

@@ -9,7 +9,9 @@ import torch
 from conftest import FIXTURES, run_cli, tiny_config
 
 from translate.checkpoint import load_checkpoint, rng_state, set_rng_state
-from translate.translator import load_models, translate_lines
+from translate.config import SearchOptions
+from translate.decoding import translate_lines
+from translate.inference import load_models
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -53,7 +55,7 @@ def test_half_precision_decoding_agrees_with_fp32(tmp_path):
     outputs = {}
     for dtype in ("fp32", "bf16", "fp16"):
         models, tokenizer, _ = load_models([ckpt], "cuda", dtype=dtype)
-        outputs[dtype] = [n[0][0] for n in translate_lines(models, tokenizer, lines, beam_size=4)]
+        outputs[dtype] = [n[0][0] for n in translate_lines(models, tokenizer, lines, SearchOptions(beam_size=4))]
     same = {d: sum(a == b for a, b in zip(outputs[d], outputs["fp32"])) / len(lines) for d in ("bf16", "fp16")}
     print(", ".join(f"{d}: {v:.0%} of 1-best lines equal to fp32's" for d, v in same.items()))
     assert all(v >= 0.8 for v in same.values()), same

@@ -24,7 +24,7 @@ from translate.data import (
     write_token_data,
 )
 from translate.errors import UserError
-from translate.model import BOS, EOS, PAD
+from translate.tokenizer import BOS, EOS, PAD
 
 # ---------------------------------------------------------------------------- cleaning
 

@@ -383,7 +383,7 @@ def test_out_of_memory_while_decoding_names_the_setting(cli, trained_run, files,
     def oom(*args, **kwargs):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
 
-    monkeypatch.setattr("translate.translator.beam_search", oom)
+    monkeypatch.setattr("translate.decoding.beam_search", oom)
     out = files.dir / "out.fr"
     code, _, err = cli("decode", trained_run[0] / "checkpoints" / "best.pt", "-i", files.odd_en, "-o", out)
     assert_one_error(code, err, "out of memory", "--batch-tokens")
@@ -561,7 +561,7 @@ def test_out_of_memory_while_training_names_the_settings(cli, run_copy, monkeypa
 
 
 def test_atomic_write_lands_whole_or_not_at_all(tmp_path):
-    from translate.errors import atomic_write
+    from translate.textio import atomic_write
 
     target = tmp_path / "out.txt"
     target.write_text("before\n")

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from translate.config import ModelConfig
-from translate.model import BOS, PAD, MultiHeadAttention, Transformer, sinusoidal_positions
+from translate.model import MultiHeadAttention, Transformer, sinusoidal_positions
+from translate.tokenizer import BOS, PAD
 
 
 def tiny(norm="post", tie=True, dropout=0.0):

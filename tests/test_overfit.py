@@ -3,9 +3,9 @@
 from conftest import FIXTURES
 
 from translate.checkpoint import load_model
-from translate.config import config_from_dict
+from translate.config import SearchOptions, config_from_dict
+from translate.decoding import translate_lines
 from translate.train import train
-from translate.translator import translate_lines
 
 
 def test_overfits_32_pairs(tmp_path):
@@ -42,5 +42,8 @@ def test_overfits_32_pairs(tmp_path):
     metrics = train(cfg)
     assert metrics["bleu"] == 100.0
     model, tokenizer, _ = load_model(tmp_path / "runs" / "overfit" / "checkpoints" / "last.pt")
-    out = [nbest[0][0] for nbest in translate_lines(model, tokenizer, lines["en"], beam_size=4, length_penalty=0.6)]
+    out = [
+        nbest[0][0]
+        for nbest in translate_lines(model, tokenizer, lines["en"], SearchOptions(beam_size=4, length_penalty=0.6))
+    ]
     assert out == lines["fr"]

@@ -150,3 +150,17 @@ def test_plot_mistakes_are_one_line(tmp_path):
     with pytest.raises(UserError, match="no TensorBoard event files"):
         read_scalars(tmp_path / "empty")
     assert not (tmp_path / "c.png").exists()
+
+
+def test_importing_and_plotting_leave_matplotlib_as_it_was(tmp_path):
+    """plot.py draws outside pyplot: no backend is chosen and no figure is registered."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, translate.plot as p; "
+        "p.save_figure(p.attention_figure(torch.rand(2, 3).numpy(), ['a','b','c'], ['x','y']), sys.argv[1]); "
+        "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot imported'"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "a.png")], check=True)
+    assert (tmp_path / "a.png").stat().st_size > 0

@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 
 from translate.cli import app
 from translate.errors import UserError
-from translate.report import build_report, diff_html, histogram_svg, length_ratio, sentence_chrf, write_report
+from translate.evaluate import sentence_chrf
+from translate.report import build_report, diff_html, histogram_svg, length_ratio, write_report
 
 NASTY = [
     "<script>alert('x')</script> & \"quotes\" </td></tr>",
@@ -164,7 +165,7 @@ def test_diff_marks_the_differing_words():
 def test_line_counts_must_match_and_writes_are_atomic(tmp_path):
     with pytest.raises(UserError, match="line counts must match"):
         build_report(["a", "b"], ["a"])
-    with pytest.raises(UserError, match="directory not found"):
+    with pytest.raises(UserError, match="directory .*missing does not exist"):
         write_report(tmp_path / "missing" / "r.html", "x")
     write_report(tmp_path / "r.html", "<p>é</p>")
     assert [p.name for p in tmp_path.iterdir()] == ["r.html"]
@@ -205,7 +206,7 @@ def test_evaluate_report_mistakes_are_one_line(tmp_path):
     ]
     assert not (tmp_path / "r.html").exists()
     missing = CliRunner().invoke(app, ["evaluate", "--hyp", str(ref), "--ref", str(ref), "--report", "no/r.html"])
-    assert isinstance(missing.exception, UserError) and "directory not found: no" in str(missing.exception)
+    assert isinstance(missing.exception, UserError) and "directory no does not exist" in str(missing.exception)
 
 
 # ---------------------------------------------------------------------------- in a real browser

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from translate import search
-from translate.config import ModelConfig
-from translate.model import BOS, EOS, PAD, UNK, Transformer
+from translate.config import ModelConfig, SearchOptions
+from translate.errors import UserError
+from translate.model import Transformer
 from translate.search import (
     Ensemble,
     Finished,
@@ -23,6 +24,7 @@ from translate.search import (
     split_candidates,
     top_candidates,
 )
+from translate.tokenizer import BOS, EOS, PAD, UNK
 
 VOCAB = 50
 INF = float("-inf")
@@ -196,7 +198,9 @@ def lp(length: int, alpha: float) -> float:
 
 def scripted_beam(alpha: float, max_len_b: int, src: torch.Tensor = SRC_10, nbest: int = 2):
     model = ScriptedModel(TABLE)
-    hyps = beam_search([model], src, beam_size=2, length_penalty=alpha, max_len_a=0, max_len_b=max_len_b, nbest=nbest)
+    hyps = beam_search(
+        [model], src, SearchOptions(beam_size=2, length_penalty=alpha, max_len_a=0, max_len_b=max_len_b, nbest=nbest)
+    )
     return hyps, model.calls
 
 
@@ -226,8 +230,12 @@ def test_scripted_beam_stops_once_the_nbest_are_settled():
     table = {(12,): {4: 0.5, 5: 0.5}, (12, 4): {EOS: 0.9, 6: 0.1}, (12, 5): {6: 0.6, 7: 0.4}}
     src = torch.tensor([[12, EOS]])
     one, two = ScriptedModel(table), ScriptedModel(table)
-    (best,) = beam_search([one], src, beam_size=2, length_penalty=0.0, max_len_a=0, max_len_b=10, nbest=1)
-    (both,) = beam_search([two], src, beam_size=2, length_penalty=0.0, max_len_a=0, max_len_b=10, nbest=2)
+    (best,) = beam_search(
+        [one], src, SearchOptions(beam_size=2, length_penalty=0.0, max_len_a=0, max_len_b=10, nbest=1)
+    )
+    (both,) = beam_search(
+        [two], src, SearchOptions(beam_size=2, length_penalty=0.0, max_len_a=0, max_len_b=10, nbest=2)
+    )
     assert [h.tokens for h in best] == [[4]] and one.calls == 2
     assert [h.tokens for h in both] == [[4], [5, 6]] and two.calls == 3
     assert [h.score for h in both] == pytest.approx([math.log(0.45), math.log(0.3)])
@@ -255,7 +263,9 @@ def test_scripted_batch_equals_one_at_a_time():
 def test_scripted_greedy_and_one_wide_beam():
     greedy = greedy_search([ScriptedModel(TABLE)], SRC_10, 0, 10, length_penalty=1.0)
     assert greedy[0].tokens == [4] and greedy[0].score == pytest.approx(math.log(0.33) / lp(2, 1))
-    assert_same([h for hs in beam_search(ScriptedModel(TABLE), SRC_10, 1, 1.0, 0, 10) for h in hs], greedy)
+    assert_same(
+        [h for hs in beam_search(ScriptedModel(TABLE), SRC_10, SearchOptions(1, 1.0, 0, 10)) for h in hs], greedy
+    )
     # Why beam_size=1 is greedy by definition: the beam loop with k = 1 and the exact stopping
     # bound looks past greedy's EOS and finds the better-normalised [4, 6, 7].
     one_wide = beam_search_loop(Ensemble([ScriptedModel(TABLE)]), SRC_10, 1, 1.0, torch.tensor([10]), 1)
@@ -288,8 +298,8 @@ def test_greedy_same_whenever_finished_rows_leave(model, src, monkeypatch, share
 
 
 def test_beam_cached_equals_full_recomputation(model, src):
-    cached = beam_search([model], src, 4, 0.6, 1.0, 5, nbest=4)
-    full = beam_search([model], src, 4, 0.6, 1.0, 5, nbest=4, use_cache=False)
+    cached = beam_search([model], src, SearchOptions(4, 0.6, 1.0, 5, nbest=4))
+    full = beam_search([model], src, SearchOptions(4, 0.6, 1.0, 5, nbest=4), use_cache=False)
     for a, b in zip(cached, full, strict=True):
         assert_same(a, b)
 
@@ -297,7 +307,7 @@ def test_beam_cached_equals_full_recomputation(model, src):
 def test_outputs_mix_eos_and_max_length(model, src):
     """The fixture exercises both ways a hypothesis ends (else the tests below prove less)."""
     max_lens = max_output_lengths(src, 1.0, 5).tolist()
-    hyps = beam_search([model], src, 4, 0.6, 1.0, 5, nbest=4)
+    hyps = beam_search([model], src, SearchOptions(4, 0.6, 1.0, 5, nbest=4))
     lengths = [(len(h.tokens), max_len) for hs, max_len in zip(hyps, max_lens, strict=True) for h in hs]
     assert any(n < max_len - 1 for n, max_len in lengths) and any(n == max_len for n, max_len in lengths)
 
@@ -305,7 +315,7 @@ def test_outputs_mix_eos_and_max_length(model, src):
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
 def test_beam_1_equals_greedy(model, src, alpha):
     greedy = greedy_search([model], src, 1.0, 5, length_penalty=alpha)
-    assert_same([hs[0] for hs in beam_search([model], src, 1, alpha, 1.0, 5)], greedy, tol=0)
+    assert_same([hs[0] for hs in beam_search([model], src, SearchOptions(1, alpha, 1.0, 5))], greedy, tol=0)
 
 
 def test_beam_loop_with_one_beam_and_no_penalty_is_greedy(model, src):
@@ -317,8 +327,8 @@ def test_beam_loop_with_one_beam_and_no_penalty_is_greedy(model, src):
 
 
 def test_nbest_first_equals_1best_and_is_sorted(model, src):
-    best = beam_search([model], src, 5, 0.6, 1.0, 5)
-    nbest = beam_search([model], src, 5, 0.6, 1.0, 5, nbest=5)
+    best = beam_search([model], src, SearchOptions(5, 0.6, 1.0, 5))
+    nbest = beam_search([model], src, SearchOptions(5, 0.6, 1.0, 5, nbest=5))
     max_lens = max_output_lengths(src, 1.0, 5).tolist()
     for one, many, max_len in zip(best, nbest, max_lens, strict=True):
         assert len(many) == 5
@@ -332,10 +342,10 @@ def test_nbest_first_equals_1best_and_is_sorted(model, src):
 
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_batch_equals_one_sentence_at_a_time(model, src, beam_size):
-    batched = beam_search([model], src, beam_size, 0.6, 1.0, 5, nbest=beam_size)
+    batched = beam_search([model], src, SearchOptions(beam_size, 0.6, 1.0, 5, nbest=beam_size))
     for row, hyps in enumerate(batched):
         n = int((src[row] != PAD).sum())
-        alone = beam_search([model], src[row : row + 1, :n], beam_size, 0.6, 1.0, 5, nbest=beam_size)
+        alone = beam_search([model], src[row : row + 1, :n], SearchOptions(beam_size, 0.6, 1.0, 5, nbest=beam_size))
         assert_same(hyps, alone[0])
 
 
@@ -352,9 +362,9 @@ def test_encoding_by_length_groups_equals_one_pass(model, src):
 
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_search_same_when_encoded_by_length_groups(model, src, monkeypatch, beam_size):
-    whole = beam_search([model], src, beam_size, 0.6, 1.0, 5, nbest=beam_size)
+    whole = beam_search([model], src, SearchOptions(beam_size, 0.6, 1.0, 5, nbest=beam_size))
     monkeypatch.setattr(search, "ENCODE_ROWS", 2)
-    grouped = beam_search([model], src, beam_size, 0.6, 1.0, 5, nbest=beam_size)
+    grouped = beam_search([model], src, SearchOptions(beam_size, 0.6, 1.0, 5, nbest=beam_size))
     for a, b in zip(grouped, whole, strict=True):
         assert_same(a, b)
 
@@ -363,7 +373,7 @@ def test_search_same_when_encoded_by_length_groups(model, src, monkeypatch, beam
 def test_max_length_respected(src, beam_size):
     never_ends = tiny_model(eos_bias=-1e4)
     max_lens = max_output_lengths(src, 0.5, 2).tolist()
-    hyps = beam_search([never_ends], src, beam_size, 0.6, 0.5, 2, nbest=beam_size)
+    hyps = beam_search([never_ends], src, SearchOptions(beam_size, 0.6, 0.5, 2, nbest=beam_size))
     for hs, max_len in zip(hyps, max_lens, strict=True):
         assert [len(h.tokens) for h in hs] == [max_len] * beam_size
 
@@ -372,7 +382,9 @@ def test_never_pad_or_bos_but_unk_allowed(src):
     model = tiny_model()
     with torch.no_grad():
         model.output.bias[[PAD, BOS, UNK]] = 50.0  # the model wants PAD, BOS and UNK above all
-    for hs in beam_search([model], src, 3, 0.6, 1.0, 5, nbest=3) + [[h] for h in greedy_search([model], src, 1, 5)]:
+    for hs in beam_search([model], src, SearchOptions(3, 0.6, 1.0, 5, nbest=3)) + [
+        [h] for h in greedy_search([model], src, 1, 5)
+    ]:
         for h in hs:
             assert PAD not in h.tokens and BOS not in h.tokens
         assert hs[0].tokens[0] == UNK
@@ -380,22 +392,24 @@ def test_never_pad_or_bos_but_unk_allowed(src):
 
 def test_ensemble_of_two_identical_models_equals_one(model, src):
     for beam_size in (1, 4):
-        one = beam_search([model], src, beam_size, 0.6, 1.0, 5, nbest=beam_size)
-        two = beam_search([model, model], src, beam_size, 0.6, 1.0, 5, nbest=beam_size)
+        one = beam_search([model], src, SearchOptions(beam_size, 0.6, 1.0, 5, nbest=beam_size))
+        two = beam_search([model, model], src, SearchOptions(beam_size, 0.6, 1.0, 5, nbest=beam_size))
         for a, b in zip(one, two, strict=True):
             assert_same(a, b)
 
 
 def test_ensemble_of_different_models_runs(model, src):
     other = tiny_model(seed=3)
-    hyps = beam_search([model, other], src, 3, 0.6, 1.0, 5, nbest=2)
+    hyps = beam_search([model, other], src, SearchOptions(3, 0.6, 1.0, 5, nbest=2))
     assert len(hyps) == src.size(0) and all(len(hs) == 2 for hs in hyps)
-    assert_same([hs[0] for hs in hyps], [hs[0] for hs in beam_search([model, other], src, 3, 0.6, 1.0, 5)])
+    assert_same(
+        [hs[0] for hs in hyps], [hs[0] for hs in beam_search([model, other], src, SearchOptions(3, 0.6, 1.0, 5))]
+    )
 
 
 def test_nbest_larger_than_beam_is_an_error(model, src):
-    with pytest.raises(ValueError):
-        beam_search([model], src, 2, 0.6, 1.0, 5, nbest=3)
+    with pytest.raises(UserError, match="nbest must be between 1 and the beam size"):
+        beam_search([model], src, SearchOptions(2, 0.6, 1.0, 5, nbest=3))
 
 
 # ---------------------------------------------------------------------------- the decoder state
@@ -439,8 +453,8 @@ def test_decoding_past_the_position_table(src):
     tol = 1e-4  # sums of 40 float32 log-probs near -60
     assert_same(cached, greedy_search([model], src[:2], 0.0, 40, use_cache=False), tol)
     for a, b in zip(
-        beam_search([model], src[:2], 2, 0.6, 0.0, 40),
-        beam_search([model], src[:2], 2, 0.6, 0.0, 40, use_cache=False),
+        beam_search([model], src[:2], SearchOptions(2, 0.6, 0.0, 40)),
+        beam_search([model], src[:2], SearchOptions(2, 0.6, 0.0, 40), use_cache=False),
         strict=True,
     ):
         assert_same(a, b, tol)

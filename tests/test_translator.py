@@ -12,24 +12,14 @@ import torch
 
 from translate import hardware
 from translate.checkpoint import CHECKPOINT_FORMAT
-from translate.config import Config, DecodeConfig, ModelConfig, config_to_dict
+from translate.config import Config, DecodeConfig, ModelConfig, SearchOptions, config_to_dict
+from translate.decoding import decode_batches, in_workers, translate_lines
 from translate.errors import UserError
+from translate.inference import check_precision, for_inference, keep_freed_memory, load_models
 from translate.model import Transformer
+from translate.textio import read_lines, write_translations
 from translate.tokenizer import Tokenizer
-from translate.translator import (
-    check_precision,
-    decode_file,
-    for_inference,
-    in_workers,
-    keep_freed_memory,
-    load_models,
-    plot_attention,
-    read_lines,
-    token_batches,
-    translate_file_lines,
-    translate_lines,
-    write_translations,
-)
+from translate.translator import decode_file, plot_attention, translate_file_lines
 
 WORDS = (
     "the a cat dog house river green small big runs sees eats under over near old young bird tree stone "
@@ -70,11 +60,12 @@ LINES = [
     "the old stone",
 ]
 
-SEARCH = dict(beam_size=3, length_penalty=0.6, max_len_a=1.0, max_len_b=3)
+SEARCH = SearchOptions(beam_size=3, length_penalty=0.6, max_len_a=1.0, max_len_b=3)
 
 
-def translate(model, tokenizer, lines, **kwargs):
-    return list(translate_lines(model, tokenizer, lines, **{**SEARCH, **kwargs}))
+def translate(model, tokenizer, lines, beam_size=SEARCH.beam_size, nbest=1, **kwargs):
+    search = dataclasses.replace(SEARCH, beam_size=beam_size, nbest=nbest)
+    return list(translate_lines(model, tokenizer, lines, search, **kwargs))
 
 
 def assert_same(got: list, expected: list) -> None:
@@ -109,7 +100,7 @@ def test_a_worker_error_reaches_the_caller(model, tokenizer, monkeypatch):
     def out_of_memory(*args, **kwargs):
         raise MemoryError()
 
-    monkeypatch.setattr("translate.translator.beam_search", out_of_memory)
+    monkeypatch.setattr("translate.decoding.beam_search", out_of_memory)
     threads = torch.get_num_threads()
     with pytest.raises(UserError, match="out of memory"):
         translate(model, tokenizer, LINES, batch_tokens=40, workers=2)
@@ -186,7 +177,7 @@ def test_stream_translates_a_line_before_the_next_arrives(model, tokenizer):
         assert more.wait(timeout=30)  # the user types the next line only after seeing a result
         yield "dog"
 
-    results = translate_lines(model, tokenizer, interactive(), stream=True, **SEARCH)
+    results = translate_lines(model, tokenizer, interactive(), SEARCH, stream=True)
     first = next(results)
     more.set()
     rest = list(results)
@@ -201,7 +192,7 @@ def test_lines_are_read_lazily(model, tokenizer):
             consumed.append(i)
             yield "the cat"
 
-    results = translate_lines(model, tokenizer, lines(), chunk_lines=5, **SEARCH)
+    results = translate_lines(model, tokenizer, lines(), SEARCH, chunk_lines=5)
     next(results)
     assert len(consumed) <= 6
 
@@ -211,7 +202,7 @@ def test_reading_errors_reach_the_caller_in_stream_mode(model, tokenizer):
         yield "the cat"
         raise UserError("in.en:2: not UTF-8")
 
-    results = translate_lines(model, tokenizer, lines(), stream=True, **SEARCH)
+    results = translate_lines(model, tokenizer, lines(), SEARCH, stream=True)
     with pytest.raises(UserError, match="in.en:2"):
         list(results)
 
@@ -227,12 +218,12 @@ def test_models_train_mode_is_restored(model, tokenizer):
 
 def test_nbest_beyond_beam_is_a_user_error(model, tokenizer):
     with pytest.raises(UserError, match="nbest"):
-        translate_lines(model, tokenizer, ["the cat"], beam_size=3, nbest=4)  # raised before iterating
+        translate_lines(model, tokenizer, ["the cat"], SearchOptions(beam_size=3, nbest=4))  # raised before iterating
 
 
 def test_token_batches_respect_the_budget():
     lengths = [5, 30, 7, 7, 12, 3, 50]
-    batches = token_batches(lengths, batch_tokens=60, beam_size=2)
+    batches = decode_batches(lengths, batch_tokens=60, beam_size=2)
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     for b in batches:
         longest = max(lengths[i] for i in b)
@@ -288,7 +279,7 @@ def test_write_error_leaves_the_old_file(tmp_path):
 
 
 def test_write_stdout(capsys, model, tokenizer):
-    n = write_translations(translate_lines(model, tokenizer, ["the cat", "", "dog"], **SEARCH), "-")
+    n = write_translations(translate_lines(model, tokenizer, ["the cat", "", "dog"], SEARCH), "-")
     lines = capsys.readouterr().out.split("\n")
     assert n == 3 and len(lines) == 4 and lines[1] == "" and lines[3] == ""
 
@@ -398,7 +389,7 @@ def test_precision_options_follow_the_device(model, tokenizer, monkeypatch):
 def test_packed_linears_decode_as_the_model(model, tokenizer, monkeypatch):
     """fp32 on CPU: for_inference packs the linear layers for oneDNN in a copy; same logits within
     float rounding, same translations, the model itself untouched. Without oneDNN it is the model."""
-    from translate.translator import PackedLinear, can_pack_linear
+    from translate.inference import PackedLinear, can_pack_linear
 
     if not can_pack_linear():
         pytest.skip("this torch build has no oneDNN packed linear")
@@ -417,5 +408,25 @@ def test_packed_linears_decode_as_the_model(model, tokenizer, monkeypatch):
         assert [[text for text, _ in hyps] for hyps in ours] == [[text for text, _ in hyps] for hyps in theirs]
         for a, b in zip(ours, theirs, strict=True):
             assert [s for _, s in a] == pytest.approx([s for _, s in b], abs=1e-4)
-    monkeypatch.setattr("translate.translator.can_pack_linear", lambda: False)
+    monkeypatch.setattr("translate.inference.can_pack_linear", lambda: False)
     assert for_inference(model) is model
+
+
+def test_packed_linear_is_checked_against_f_linear(monkeypatch, model):
+    """The private oneDNN ops are used only where they agree with F.linear; a build where they
+    disagree (or fail) decodes through the model's own nn.Linear layers."""
+    from translate import inference
+
+    inference.can_pack_linear.cache_clear()
+    try:
+        if inference.can_pack_linear():  # this build: they agree, and the fp32 CPU model is packed
+            assert any(isinstance(m, inference.PackedLinear) for m in for_inference(model).modules())
+        wrong = lambda x, w, b, *a: torch.zeros(x.shape[0], b.shape[0] if b is not None else 40)  # noqa: E731
+        monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", wrong, raising=False)
+        inference.can_pack_linear.cache_clear()
+        assert not inference.can_pack_linear()
+        plain = for_inference(model)
+        assert not any(isinstance(m, inference.PackedLinear) for m in plain.modules())
+    finally:
+        monkeypatch.undo()
+        inference.can_pack_linear.cache_clear()

@@ -37,8 +37,9 @@ import torch
 
 import translate
 from translate.config import Config, config_from_dict
-from translate.errors import UserError, atomic_write, is_disk_full
+from translate.errors import UserError, is_disk_full
 from translate.model import Transformer
+from translate.textio import atomic_write, check_output_path
 from translate.tokenizer import Tokenizer
 
 CHECKPOINT_FORMAT = 1
@@ -60,10 +61,7 @@ def atomic_save(obj: Any, path: str | Path) -> None:
     A crash or a full disk at any moment leaves the previous file at `path` intact; a full disk
     or a directory that cannot be written is a UserError saying so.
     """
-    path = Path(path)
-    if not path.parent.is_dir():
-        why = "is not a directory" if path.parent.exists() else "does not exist"
-        raise UserError(f"cannot save {path}: directory {path.parent} {why}")
+    path = check_output_path(path, "cannot save")
     try:
         with atomic_write(path, "wb") as f:
             torch.save(obj, f)

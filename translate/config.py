@@ -106,13 +106,62 @@ class TrainConfig:
     max_bad_steps: int = 10  # stop after this many non-finite updates in a row
 
 
+def at_least(value: float, low: float, name: str) -> None:
+    """A UserError unless value >= low."""
+    if value < low:
+        raise UserError(f"{name} must be at least {low}, got {value}")
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How beam search runs: the one home of its defaults and their checks, passed from the CLI
+    (its --beam, --lenpen, --max-len-a/b, --nbest: `CLI_NAMES`) through translator.py to
+    search.beam_search. beam_size 1 is greedy search."""
+
+    beam_size: int = 5
+    length_penalty: float = 0.6  # GNMT's alpha
+    max_len_a: float = 1.2  # max output length = a * source length + b
+    max_len_b: float = 10
+    nbest: int = 1  # hypotheses returned per sentence, best first
+
+    def check(self, names: dict[str, str] | None = None) -> SearchOptions:
+        """self, or a UserError naming the first bad value as names[field] (default: the field)."""
+        name = (names or {}).get
+        at_least(self.beam_size, 1, name("beam_size", "beam_size"))
+        at_least(self.max_len_a, 0, name("max_len_a", "max_len_a"))
+        at_least(self.max_len_b, 0, name("max_len_b", "max_len_b"))
+        if not 1 <= self.nbest <= self.beam_size:
+            raise UserError(
+                f"{name('nbest', 'nbest')} must be between 1 and the beam size ({self.beam_size}), got {self.nbest}"
+            )
+        return self
+
+
+CLI_NAMES = {
+    "beam_size": "--beam",
+    "length_penalty": "--lenpen",
+    "max_len_a": "--max-len-a",
+    "max_len_b": "--max-len-b",
+    "nbest": "--nbest",
+    "batch_tokens": "--batch-tokens",
+}
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
-    beam_size: int = 5
-    length_penalty: float = 0.6
-    max_len_a: float = 1.2  # max output length = a * source length + b
-    max_len_b: int = 10
+    beam_size: int = SearchOptions.beam_size
+    length_penalty: float = SearchOptions.length_penalty
+    max_len_a: float = SearchOptions.max_len_a
+    max_len_b: int = 10  # SearchOptions.max_len_b, an integer in the config
     batch_tokens: int = 8000  # sentences x beam x longest source (pieces), summed over the batches decoded at once
+
+    def search_options(
+        self, names: dict[str, str] | None = None, nbest: int = 1, **given: float | None
+    ) -> SearchOptions:
+        """The SearchOptions given (None: not given), else this section's; checked (see SearchOptions.check)."""
+        fields = ("beam_size", "length_penalty", "max_len_a", "max_len_b")
+        values = {f: getattr(self, f) if given.get(f) is None else given[f] for f in fields}
+        return SearchOptions(**values, nbest=nbest).check(names)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -276,9 +325,6 @@ def _check(cfg: Config) -> None:
         (t.average_last is None or t.average_last >= 2, "train.average_last must be at least 2"),
         (t.max_bad_steps >= 1, "train.max_bad_steps must be at least 1"),
         (t.threads is None or t.threads >= 1, "train.threads must be at least 1"),
-        (d.beam_size >= 1, f"decode.beam_size must be at least 1, got {d.beam_size}"),
-        (d.max_len_a >= 0 and d.max_len_b >= 0, "decode.max_len_a and decode.max_len_b must not be negative"),
-        (d.batch_tokens >= 1, "decode.batch_tokens must be at least 1"),
         (v.size >= 8, f"vocab.size must be at least 8, got {v.size}"),
         (0 < v.character_coverage <= 1, "vocab.character_coverage must be in (0, 1]"),
         (v.sample_size >= 1, "vocab.sample_size must be at least 1"),
@@ -292,6 +338,8 @@ def _check(cfg: Config) -> None:
     for ok, message in rules:
         if not ok:
             raise UserError(message)
+    d.search_options({f: f"decode.{f}" for f in CLI_NAMES})
+    at_least(d.batch_tokens, 1, "decode.batch_tokens")
     check_device_name(t.device, "train.device")
     if t.max_time is not None:
         parse_duration(t.max_time, "train.max_time")

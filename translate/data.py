@@ -36,12 +36,10 @@ import sentencepiece as spm
 import torch
 from tqdm import tqdm
 
-from translate.batching import token_batches  # noqa: F401 (the training loop imports it from here)
 from translate.config import Config, config_to_dict
 from translate.errors import UserError
-from translate.model import BOS, EOS, PAD
 from translate.sources import open_source
-from translate.tokenizer import Tokenizer
+from translate.tokenizer import BOS, EOS, PAD, Tokenizer
 
 log = logging.getLogger("translate")
 SPLITS = ("train", "valid", "test")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
 
-from translate.errors import UserError, atomic_write, check_output_path, text_lines
+from translate.errors import UserError
 
 
 def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
@@ -30,30 +29,15 @@ def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
     }
 
 
+def sentence_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> list[float]:
+    """sacreBLEU's sentence-level chrF of each hypothesis against its reference (0..100)."""
+    chrf = CHRF()
+    return [round(chrf.sentence_score(h, [r]).score, 2) for h, r in zip(hypotheses, references, strict=True)]
+
+
 def format_scores(scores: dict[str, Any]) -> str:
     return (
         f"BLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})\n"
         f"chrF {scores['chrf']:.2f}  ({scores['chrf_signature']})\n"
         f"{scores['bleu_detail']}"
     )
-
-
-def read_lines(path: str | Path, what: str) -> list[str]:
-    """Lines of a UTF-8 text file (BOM and CRLF accepted); one clear error for anything else,
-    an empty file included (there is nothing to score)."""
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"{what} file not found: {path}")
-    if path.is_dir():
-        raise UserError(f"{what} file {path} is a directory")
-    lines = list(text_lines(open(path, "rb"), str(path)))
-    if not lines:
-        raise UserError(f"{what} file {path} is empty: nothing to score")
-    return lines
-
-
-def write_json(scores: dict[str, Any], path: str | Path) -> None:
-    """Write the scores as JSON: to a temporary file renamed at the end, never half-written."""
-    path = check_output_path(path, "--json")
-    with atomic_write(path) as f:
-        f.write(json.dumps(scores, indent=2, ensure_ascii=False) + "\n")

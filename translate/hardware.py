@@ -191,3 +191,11 @@ def describe_machine() -> str:
         f"machine: CPU capability {info.capability}, native bf16 {'yes' if info.native_bf16 else 'no'} "
         f"({info.how}), {info.cores} cores, {torch.get_num_threads()} torch threads, torch {torch.__version__}{gpu}"
     )
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether `error` says a tensor did not fit: torch.OutOfMemoryError (CUDA, MPS) or Python's
+    MemoryError by type; torch's CPU allocator raises a plain RuntimeError, known by its message."""
+    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)

@@ -21,8 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from translate.config import ModelConfig
-
-PAD, UNK, BOS, EOS = 0, 1, 2, 3
+from translate.tokenizer import PAD
 
 
 def sinusoidal_positions(n_positions: int, d_model: int) -> torch.Tensor:

@@ -12,16 +12,19 @@ from pathlib import Path
 from typing import Literal
 
 import matplotlib
+import numpy as np
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from translate.errors import UserError  # noqa: E402
-from translate.model import BOS, EOS, Transformer  # noqa: E402
-from translate.tokenizer import Tokenizer  # noqa: E402
+from translate.errors import UserError
+from translate.model import Transformer
+from translate.textio import check_output_path
+from translate.tokenizer import (
+    BOS,
+    EOS,
+    Tokenizer,
+)
 
 AttentionKind = Literal["cross", "encoder", "decoder"]
 AXES = {  # kind -> (x label, y label)
@@ -29,6 +32,15 @@ AXES = {  # kind -> (x label, y label)
     "encoder": ("source pieces (keys)", "source pieces (queries)"),
     "decoder": ("decoder input pieces (keys)", "decoder input pieces (queries)"),
 }
+
+
+def _figure(**kwargs) -> Figure:
+    """A figure drawn by Agg, outside pyplot: plotting changes no global state (no backend is
+    chosen, no figure is registered), so importing or calling this module leaves matplotlib as
+    the user set it."""
+    fig = Figure(**kwargs)
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def _heatmaps(
@@ -56,7 +68,7 @@ def _heatmaps(
     panel_w, panel_h = max(1.8, cell * C), max(1.2, cell * R)
     width = left + ncols * panel_w + (ncols - 1) * wgap + right
     height = bottom + nrows * panel_h + (nrows - 1) * hgap + top
-    fig = plt.figure(figsize=(width, height))
+    fig = _figure(figsize=(width, height))
     axes = fig.subplots(
         nrows, ncols, squeeze=False,
         gridspec_kw=dict(left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height,
@@ -114,9 +126,7 @@ def heads_figure(
 def figure_to_array(fig) -> np.ndarray:
     """(H, W, 3) uint8 RGB, for SummaryWriter.add_image(..., dataformats='HWC')."""
     fig.canvas.draw()
-    image = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
-    plt.close(fig)
-    return image
+    return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
 
 
 @torch.inference_mode()
@@ -219,8 +229,9 @@ def curves_figure(runs: Sequence[str | Path], labels: Sequence[str] | None = Non
     if labels is None:
         names = [Path(run).resolve().name for run in runs]
         labels = [n if names.count(n) == 1 else str(run) for n, run in zip(names, runs)]
-    colours = plt.get_cmap("tab10").colors
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(5.0 * len(PANELS), 3.8), constrained_layout=True)
+    colours = matplotlib.colormaps["tab10"].colors
+    fig = _figure(figsize=(5.0 * len(PANELS), 3.8), constrained_layout=True)
+    axes = fig.subplots(1, len(PANELS))
     for ax, (title, series, ylabel) in zip(axes, PANELS):
         drawn = False
         for r, (scalars, label) in enumerate(zip(data, labels)):
@@ -246,18 +257,13 @@ def curves_figure(runs: Sequence[str | Path], labels: Sequence[str] | None = Non
 
 
 def save_figure(fig, output: str | Path, dpi: int = 150) -> None:
-    """Save as PNG (or any format matplotlib knows from the suffix: pdf, svg ...), then close."""
-    output = Path(output)
-    try:
-        if not output.parent.is_dir():
-            raise UserError(f"output directory not found: {output.parent}")
-        kind = output.suffix.lstrip(".").lower()
-        if kind not in fig.canvas.get_supported_filetypes():
-            known = ", ".join(sorted(fig.canvas.get_supported_filetypes()))
-            raise UserError(f"{output}: the file name must end in a picture format such as .png ({known})")
-        fig.savefig(output, dpi=dpi)
-    finally:
-        plt.close(fig)
+    """Save as PNG (or any format matplotlib knows from the suffix: pdf, svg ...)."""
+    output = check_output_path(output, "--output")
+    kind = output.suffix.lstrip(".").lower()
+    if kind not in fig.canvas.get_supported_filetypes():
+        known = ", ".join(sorted(fig.canvas.get_supported_filetypes()))
+        raise UserError(f"{output}: the file name must end in a picture format such as .png ({known})")
+    fig.savefig(output, dpi=dpi)
 
 
 def plot_curves(runs: Sequence[str | Path], output: str | Path) -> None:

@@ -17,20 +17,13 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from sacrebleu.metrics import CHRF
-
-from translate.errors import UserError, atomic_write
-from translate.evaluate import score
+from translate.errors import UserError
+from translate.evaluate import score, sentence_chrf
+from translate.textio import write_text
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; base-uri 'none'"
 COLOURS = ("#3b6fb6", "#d9822b")  # system A, system B
 _TOKEN = re.compile(r"(\w+|[^\w\s])(\s*)")
-
-
-def sentence_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> list[float]:
-    """sacreBLEU's sentence-level chrF of each hypothesis against its reference (0..100)."""
-    chrf = CHRF()
-    return [round(chrf.sentence_score(h, [r]).score, 2) for h, r in zip(hypotheses, references, strict=True)]
 
 
 def length_ratio(hypothesis: str, reference: str) -> float | None:
@@ -257,23 +250,9 @@ def build_report(
 """
 
 
-def check_report_path(path: str | Path, inputs: Sequence[str | Path | None] = ()) -> None:
-    """Fail early (before any translation) if the report cannot be written at `path`."""
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise UserError(f"--report: directory not found: {path.parent}")
-    if path.is_dir():
-        raise UserError(f"--report {path} is a directory; give a file name such as report.html")
-    if any(p is not None and Path(p).resolve() == path.resolve() for p in inputs):
-        raise UserError(f"--report {path} is one of the input files; choose another file")
-
-
 def write_report(path: str | Path, page: str) -> None:
     """Write the page atomically: a temporary file in the same directory, renamed at the end."""
-    path = Path(path)
-    check_report_path(path)
-    with atomic_write(path) as f:
-        f.write(page)
+    write_text(path, page, "--report")
 
 
 _CSS = """

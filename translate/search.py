@@ -33,7 +33,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from translate.model import BOS, EOS, PAD
+from translate.config import SearchOptions
+from translate.tokenizer import BOS, EOS, PAD
 
 NEG_INF = float("-inf")
 COMPACT_SHARE = 0.25  # greedy: drop finished rows from the batch once this share of its rows has finished
@@ -314,24 +315,19 @@ def greedy_search(
 def beam_search(
     models: Sequence[Any] | Any,
     src: torch.Tensor,
-    beam_size: int = 5,
-    length_penalty: float = 0.6,
-    max_len_a: float = 1.2,
-    max_len_b: float = 10,
-    nbest: int = 1,
+    options: SearchOptions = SearchOptions(),
     use_cache: bool = True,
 ) -> list[list[Hypothesis]]:
-    """Beam search for a batch src (B, S) -> per sentence its nbest hypotheses, best first.
+    """Beam search for a batch src (B, S) -> per sentence its options.nbest hypotheses, best first.
 
     beam_size 1 is greedy search. (With alpha > 0 a one-wide beam under the exact stopping rule
     below would keep looking past greedy's EOS for a longer, better-normalised hypothesis.)
     """
-    if not 1 <= nbest <= beam_size:
-        raise ValueError(f"nbest must be between 1 and beam_size ({beam_size}), got {nbest}")
-    if beam_size == 1:
-        return [[h] for h in greedy_search(models, src, max_len_a, max_len_b, length_penalty, use_cache)]
-    max_lens = max_output_lengths(src, max_len_a, max_len_b).to(src.device)
-    return beam_search_loop(Ensemble(models, use_cache), src, beam_size, length_penalty, max_lens, nbest)
+    o = options.check()
+    if o.beam_size == 1:
+        return [[h] for h in greedy_search(models, src, o.max_len_a, o.max_len_b, o.length_penalty, use_cache)]
+    max_lens = max_output_lengths(src, o.max_len_a, o.max_len_b).to(src.device)
+    return beam_search_loop(Ensemble(models, use_cache), src, o.beam_size, o.length_penalty, max_lens, o.nbest)
 
 
 @torch.inference_mode()

@@ -27,7 +27,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from translate.config import DataConfig
-from translate.errors import UserError, text_lines
+from translate.errors import UserError
+from translate.textio import read_lines
 
 Pair = tuple[str, str]  # (source sentence, target sentence), raw text
 SPLITS = ("train", "valid", "test")
@@ -229,11 +230,6 @@ def _check_file(path: Path, key: str) -> None:
         raise UserError(f"{key}: file not found: {path}{hint if prefix else ''}")
     if path.stat().st_size == 0:
         raise UserError(f"{path}: the file is empty")
-
-
-def read_lines(path: Path) -> Iterator[str]:
-    """The lines of a UTF-8 file without their line ending (LF or CRLF); a leading BOM is dropped."""
-    return text_lines(open(path, "rb"), str(path))
 
 
 def read_parallel(src: Path, tgt: Path) -> Iterator[Pair]:

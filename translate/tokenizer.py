@@ -15,9 +15,10 @@ from pathlib import Path
 import sentencepiece as spm
 
 from translate.errors import UserError
-from translate.model import BOS, EOS, PAD, UNK
 
 log = logging.getLogger("translate")
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3  # the token ids every model and data file uses
 
 
 class Tokenizer:

@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
+from translate.batching import token_batches
 from translate.checkpoint import (
     CHECKPOINT_FORMAT,
     atomic_save,
@@ -43,16 +44,16 @@ from translate.checkpoint import (
     versions,
 )
 from translate.config import Config, config_to_dict, parse_duration, save_config
-from translate.data import Batch, collate, is_prepared, load_split, prepare, token_batches
-from translate.errors import UserError, is_out_of_memory
-from translate.evaluate import read_lines, score
-from translate.hardware import choose_amp, cpu_info, resolve_device
+from translate.data import Batch, collate, is_prepared, load_split, prepare
+from translate.decoding import translate_lines
+from translate.errors import UserError
+from translate.evaluate import score, sentence_chrf
+from translate.hardware import choose_amp, cpu_info, is_out_of_memory, resolve_device
 from translate.loss import label_smoothed_nll_loss
-from translate.model import PAD, Transformer, count_parameters
+from translate.model import Transformer, count_parameters
 from translate.plot import attention_figure, attention_maps, figure_to_array, heads_figure, sample_indices
-from translate.report import sentence_chrf
-from translate.tokenizer import Tokenizer
-from translate.translator import translate_lines
+from translate.textio import read_all_lines
+from translate.tokenizer import PAD, Tokenizer
 
 log = logging.getLogger("translate")
 
@@ -182,8 +183,8 @@ class Trainer:
         self.tokenizer = Tokenizer.load(self.run / "spm.model")
         self.train_data = load_split(data_dir, "train")
         self.valid_data = load_split(data_dir, "valid")
-        self.valid_src = read_lines(data_dir / f"valid.{cfg.data.src_lang}", "valid source")
-        self.valid_ref = read_lines(data_dir / f"valid.{cfg.data.tgt_lang}", "valid reference")
+        self.valid_src = read_all_lines(data_dir / f"valid.{cfg.data.src_lang}", "valid source")
+        self.valid_ref = read_all_lines(data_dir / f"valid.{cfg.data.tgt_lang}", "valid reference")
 
         seed_everything(cfg.seed)
         self.model = Transformer(cfg.model, self.tokenizer.vocab_size).to(self.device)
@@ -374,10 +375,7 @@ class Trainer:
             [self.model],
             self.tokenizer,
             lines,
-            beam_size=self.cfg.train.eval_beam_size,
-            length_penalty=d.length_penalty,
-            max_len_a=d.max_len_a,
-            max_len_b=d.max_len_b,
+            d.search_options(beam_size=self.cfg.train.eval_beam_size),
             batch_tokens=d.batch_tokens,
             device=self.device,
             workers=1,  # one batch at a time on every thread, as the published runs were validated

@@ -1,0 +1,183 @@
+"""Text files in and out: the one home of line reading, output-path checks and atomic writes.
+
+`read_lines` reads a UTF-8 file (or stdin for the string "-") lazily, line ends and a leading BOM
+dropped; `read_all_lines` is the same as a list that must not be empty. `check_output_path` is
+the one check of a file the user asked us to write; `atomic_write` writes it under a temporary
+name renamed at the end, so an error never leaves a half-written file. `write_translations`,
+`write_json` and `write_text` are the writers the commands use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from translate.errors import UserError
+
+Translation = list[tuple[str, float]]  # one input line's n-best list: (text, score), best first
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def text_lines(f: IO[bytes], name: str) -> Iterator[str]:
+    """The lines of a UTF-8 byte stream without their ending (LF or CRLF), a leading BOM dropped;
+    undecodable bytes are a UserError naming the file, line and column. Closes `f` at the end."""
+    with f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise UserError(
+                    f"{name}:{number}: not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})"
+                ) from None
+            if number == 1:
+                line = line.removeprefix("\ufeff")
+            yield line.removesuffix("\n").removesuffix("\r")
+
+
+def read_lines(path: str | Path = "-", what: str = "input") -> Iterator[str]:
+    """The lines of a UTF-8 text file, or of stdin for the string "-" (a Path is always a file),
+    without line ends, read lazily. A missing file, a directory or undecodable bytes raise a
+    UserError naming the file (and line); `what` names the file's role in the message."""
+    if isinstance(path, str) and path == "-":
+        return text_lines(_stdin(), "<stdin>")
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{what} file not found: {path}")
+    if path.is_dir():
+        raise UserError(f"{what} file {path} is a directory; give a text file")
+    return text_lines(path.open("rb"), str(path))
+
+
+def read_all_lines(path: str | Path, what: str) -> list[str]:
+    """All the lines of a file (see read_lines) as a list; an empty file is a UserError."""
+    lines = list(read_lines(Path(path), what))
+    if not lines:
+        raise UserError(f"{what} file {path} is empty: nothing to score")
+    return lines
+
+
+def _stdin() -> IO[bytes]:
+    """stdin's bytes through a file object of our own (a duplicate of its descriptor): a reader
+    thread still blocked in it at exit then holds no lock that Python's shutdown needs."""
+    try:
+        return open(os.dup(sys.stdin.fileno()), "rb")
+    except (AttributeError, OSError, ValueError):  # no real descriptor (e.g. replaced by a test)
+        return sys.stdin.buffer
+
+
+# ---------------------------------------------------------------------------- writing
+
+
+def check_output_path(path: str | Path, what: str, inputs: Iterable[str | Path | None] = ()) -> Path:
+    """A file the user asked us to write: its directory must exist and be writable, and it
+    must be neither a directory nor one of `inputs` (writing it would destroy them)."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{what} {path} is a directory; give a file name")
+    if not path.parent.is_dir():
+        why = "is not a directory" if path.parent.exists() else "does not exist"
+        raise UserError(f"{what} {path}: directory {path.parent} {why}")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise UserError(f"{what} {path}: directory not writable: {path.parent}")
+    if path.exists() and any(p is not None and Path(p).exists() and path.samefile(p) for p in inputs):
+        raise UserError(f"{what} {path} is one of the input files; choose another file")
+    return path
+
+
+def _read_umask() -> int:
+    """The process's umask: from /proc where Linux shows it, else by setting it and setting it
+    back (which is why it is read once, at import, before any thread of ours creates a file)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+UMASK = _read_umask()  # the permissions atomic_write gives a new file: 0o666 & ~UMASK
+
+
+@contextmanager
+def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
+    """A file object for `path` that lands there only if the block succeeds: it writes a temporary
+    file in the same directory, fsyncs it, gives it the permissions a new file would get (the
+    umask's), and renames it over `path`; on any error the temporary file is removed and the
+    file that was at `path` is left as it was."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": "\n"})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~UMASK)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: str | Path, text: str, what: str = "--output") -> None:
+    """Write `text` to the file `path` (checked, atomic)."""
+    with atomic_write(check_output_path(path, what)) as f:
+        f.write(text)
+
+
+def write_json(obj: Any, path: str | Path, what: str = "--json") -> None:
+    """Write `obj` as indented JSON (checked, atomic)."""
+    write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n", what)
+
+
+def format_translation(index: int, translation: Translation, nbest_format: Literal["text", "tsv"]) -> str:
+    """The output lines of one input line: its texts one a line ('text'), or
+    index<TAB>score<TAB>text ('tsv'); texts never break a line (or a TSV field)."""
+    out = []
+    for text, score in translation:
+        text = " ".join(text.splitlines())
+        if nbest_format == "tsv":
+            out.append(f"{index}\t{score:.4f}\t{text.replace(chr(9), ' ')}\n")
+        else:
+            out.append(text + "\n")
+    return "".join(out)
+
+
+def write_translations(
+    translations: Iterable[Translation], output: str | Path = "-", *, nbest_format: Literal["text", "tsv"] = "text"
+) -> int:
+    """Write translations (from translator.translate_lines) to a file or stdout ('-'); returns
+    the input line count.
+
+    'text': each hypothesis's text on its own line (K lines per input line for K-best lists);
+    'tsv': index<TAB>score<TAB>text, index counting input lines from 0. stdout is flushed after
+    every input line (pipes and terminals see each translation at once); a file is written
+    atomically.
+    """
+    if nbest_format not in ("text", "tsv"):
+        raise UserError(f"n-best format must be 'text' or 'tsv', got {nbest_format!r}")
+    if str(output) == "-":
+        return _write(translations, sys.stdout, nbest_format, flush=True)
+    path = check_output_path(output, "--output")
+    with atomic_write(path) as f:
+        return _write(translations, f, nbest_format, flush=False)
+
+
+def _write(translations: Iterable[Translation], f: IO[str], nbest_format: Literal["text", "tsv"], flush: bool) -> int:
+    count = 0
+    for count, translation in enumerate(translations, start=1):
+        f.write(format_translation(count - 1, translation, nbest_format))
+        if flush:
+            f.flush()
+    return count
