@@ -169,13 +169,16 @@ Files: `config.json`, `generation_config.json`, `model.safetensors` (MarianMTMod
 and `target.spm` (the same SentencePiece model), `vocab.json`, `tokenizer_config.json` (MarianTokenizer).
 
 ```python
-from transformers import pipeline
+from transformers import MarianMTModel, MarianTokenizer
 
-translate = pipeline("translation", model="{name}")
-print(translate("In the beginning God created the heaven and the earth.")[0]["translation_text"])
+model = MarianMTModel.from_pretrained("{name}")
+tokenizer = MarianTokenizer.from_pretrained("{name}")
+batch = tokenizer(["In the beginning God created the heaven and the earth."], return_tensors="pt", padding=True)
+print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True)[0])
 ```
 
-or `MarianMTModel.from_pretrained("{name}")` with `MarianTokenizer.from_pretrained("{name}")`.
+With transformers 4 (version 5 removed the translation pipeline):
+`pipeline("translation", model="{name}")("In the beginning God created the heaven and the earth.")`.
 `generation_config.json` holds beam {d.beam_size} and length penalty {d.length_penalty}, which transformers applies as
 len ** alpha; `max_length` is the model's {m.max_positions} positions. The model's dimensions are
 stored in Marian's order (sines, then cosines): the outputs are those of the checkpoint.
