@@ -345,7 +345,9 @@ def export(
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT_DIR if it is not empty.")] = False,
 ) -> None:
-    """Write the model for another engine: a CTranslate2 or Hugging Face directory, with a README (pip install 'translate[export]')."""
+    """Write the model for another engine: a CTranslate2 or Hugging Face directory with a README on how to load it.
+
+    Needs ctranslate2 or transformers, the `export` extras (make install has them)."""
     from translate.export import export as run_export
 
     run_export(checkpoint, to, out_dir, quantize=quantize, force=force)
