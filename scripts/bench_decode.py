@@ -27,7 +27,8 @@ repeats of:
 - with --vs-nocache the same search re-running the decoder over the whole prefix at every step
   (`use_cache=False`), the speed-ups cached / no-cache, and whether the outputs are the same;
 - with --vs-hf a `transformers` MarianMTModel of the same shape (post-norm, sinusoidal
-  positions, shared embeddings) holding this checkpoint's weights, decoding the same batches
+  positions, shared or separate embeddings) holding this checkpoint's weights (as `translate
+  export --to huggingface` writes it), decoding the same batches
   with `generate`, each sentence stopped at its own max length; the share of outputs equal to
   ours is printed. Its beam search runs with `early_stopping="never"`, the exact stopping rule,
   but with alpha > 0 it divides by len ** alpha where ours uses the GNMT penalty, and bounds
@@ -36,8 +37,8 @@ repeats of:
   with `--length-penalty 0` both rank by the sum of log-probs and give the same outputs (HF
   stops once no open hypothesis can beat its k-th finished one, ours once none can beat the
   best: for a 1-best output the same answer, found sooner);
-- with --vs-ct2 CTranslate2 (`pip install ctranslate2 transformers`), the same weights converted
-  by its own converter for BART-style models, as many threads as ours, float32 (int8_float32
+- with --vs-ct2 CTranslate2 (`pip install 'translate[export]'`), the same weights in its
+  Transformer spec (as `translate export --to ctranslate2` writes them), as many threads as ours, float32 (int8_float32
   with --quantize int8): a C++ engine for reference. Its maximum length is one per batch, so its
   greedy outputs are cut to each sentence's limit afterwards; it divides by len ** alpha too
   (with alpha > 0 it stops after k finished hypotheses, a heuristic), and with alpha 0 it stops
@@ -61,6 +62,8 @@ import torch
 
 from translate.checkpoint import load_model
 from translate.decoding import decode_batches, decode_workers, encode_sources, in_workers, pad_batch
+from translate.errors import UserError
+from translate.export import ct2_spec, hf_marian
 from translate.hardware import describe_machine
 from translate.inference import for_inference, keep_freed_memory
 from translate.model import Transformer
@@ -175,54 +178,8 @@ def ours(models: list[Transformer], beam: int, cfg, use_cache: bool = True, work
 
 
 # ---------------------------------------------------------------------------- HF transformers
-
-
-def hf_marian(model: Transformer):
-    """A MarianMTModel with the same shape and weights as `model` (post-norm, tied embeddings)."""
-    from transformers import MarianConfig, MarianMTModel
-
-    c = model.cfg
-    if c.norm != "post":
-        sys.exit("error: --vs-hf needs a post-norm model (MarianMT has no pre-norm variant)")
-    config = MarianConfig(
-        vocab_size=model.vocab_size, d_model=c.d_model, encoder_layers=c.encoder_layers,
-        decoder_layers=c.decoder_layers, encoder_attention_heads=c.n_heads, decoder_attention_heads=c.n_heads,
-        encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff, activation_function="relu", max_position_embeddings=c.max_positions,
-        pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS, decoder_start_token_id=BOS, forced_eos_token_id=None,
-        scale_embedding=True, share_encoder_decoder_embeddings=True, tie_word_embeddings=c.tie_embeddings,
-        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-    )  # fmt: skip
-    hf = MarianMTModel(config).eval()
-    ours_state = model.state_dict()
-    state = {
-        "model.shared.weight": ours_state["embed.weight"],
-        "model.encoder.embed_positions.weight": model.pe[: c.max_positions],
-        "model.decoder.embed_positions.weight": model.pe[: c.max_positions],
-        "lm_head.weight": ours_state["output.weight"],
-    }
-    names = {"W_q": "q_proj", "W_k": "k_proj", "W_v": "v_proj", "W_o": "out_proj"}
-    for side, attns in (("encoder", {"self_attn": "self_attn"}), ("decoder", {"self_attn": "self_attn", "cross_attn": "encoder_attn"})):  # fmt: skip
-        norms = {"sub_attn": "self_attn_layer_norm", "sub_self": "self_attn_layer_norm",
-                 "sub_cross": "encoder_attn_layer_norm", "sub_ffn": "final_layer_norm"}  # fmt: skip
-        for i in range(getattr(c, f"{side}_layers")):
-            hf_layer, layer = f"model.{side}.layers.{i}", f"{side}.{i}"
-            for a, b in attns.items():
-                for w, h in names.items():
-                    for p in ("weight", "bias"):
-                        state[f"{hf_layer}.{b}.{h}.{p}"] = ours_state[f"{layer}.{a}.{w}.{p}"]
-            for ours_norm, hf_norm in norms.items():
-                if f"{layer}.{ours_norm}.norm.weight" in ours_state:
-                    for p in ("weight", "bias"):
-                        state[f"{hf_layer}.{hf_norm}.{p}"] = ours_state[f"{layer}.{ours_norm}.norm.{p}"]
-            for ours_fc, hf_fc in (("linear1", "fc1"), ("linear2", "fc2")):
-                for p in ("weight", "bias"):
-                    state[f"{hf_layer}.{hf_fc}.{p}"] = ours_state[f"{layer}.ffn.{ours_fc}.{p}"]
-    missing = set(hf.state_dict()) - set(state) - {"final_logits_bias"}
-    missing = {k for k in missing if not k.endswith("embed_tokens.weight")}  # tied to model.shared
-    if missing:
-        sys.exit(f"error: --vs-hf: no weights for {sorted(missing)[:5]}")
-    hf.load_state_dict(state, strict=False)
-    return hf
+# hf_marian (our weights in a MarianMTModel) and ct2_spec (in a CTranslate2 TransformerSpec) are
+# translate/export.py's, the code behind `translate export`.
 
 
 class MaxLengths:
@@ -265,21 +222,14 @@ def hf_generate(hf, beam: int, cfg, workers: int = 1):
 # ---------------------------------------------------------------------------- CTranslate2
 
 
-def ct2_translator(hf, threads: int, quantize: str | None, workdir: str, workers: int = 1):
-    """A CTranslate2 translator holding the weights of `hf` (the MarianMTModel above), converted
-    with CTranslate2's own loader for BART-style models, decoding from our BOS (not Marian's zero
-    embedding). Pieces are named by their ids: the runs exchange ids, not text."""
+def ct2_translator(model: Transformer, threads: int, quantize: str | None, workdir: str, workers: int = 1):
+    """A CTranslate2 translator holding `model`'s weights (translate export's TransformerSpec),
+    decoding from our BOS. Pieces are named by their ids: the runs exchange ids, not text."""
     import ctranslate2
-    from ctranslate2.converters.transformers import BartLoader
 
-    hf.config.normalize_before, hf.config.normalize_embedding = False, False
-    spec = BartLoader().get_model_spec(hf)
     names = {PAD: "<pad>", UNK: "<unk>", BOS: "<s>", EOS: "</s>"}
-    tokens = [names.get(i, str(i)) for i in range(hf.config.vocab_size)]
-    spec.register_source_vocabulary(tokens)
-    spec.register_target_vocabulary(tokens)
-    spec.config.bos_token, spec.config.eos_token, spec.config.unk_token = "<s>", "</s>", "<unk>"
-    spec.config.decoder_start_token = "<s>"
+    tokens = [names.get(i, str(i)) for i in range(model.vocab_size)]
+    spec = ct2_spec(model, tokens)
     spec.validate()
     spec.optimize(quantization=None)
     spec.save(workdir)
@@ -299,7 +249,7 @@ def ct2_translate(translator, tokens: list[str], beam: int, cfg, workers: int = 
 
     def decode(src: torch.Tensor) -> list[list[int]]:
         max_lens = max_output_lengths(src, cfg.decode.max_len_a, cfg.decode.max_len_b)
-        source = [[tokens[t] for t in row if t != PAD] for row in src.tolist()]
+        source = [[tokens[t] for t in row if t not in (PAD, EOS)] for row in src.tolist()]  # CT2 adds the EOS
         results = translator.translate_batch(
             source, beam_size=beam, length_penalty=cfg.decode.length_penalty, max_decoding_length=int(max_lens.max()),
             min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]], max_input_length=0,
@@ -339,7 +289,9 @@ def main(argv: list[str] | None = None) -> None:
         try:
             hf = hf_marian(model)
         except ImportError:
-            sys.exit("error: --vs-hf needs HF transformers, which is not installed (pip install transformers)")
+            sys.exit("error: --vs-hf needs HF transformers, which is not installed (pip install 'translate[export]')")
+        except UserError as e:
+            sys.exit(f"error: --vs-hf: {e}")
         runs += [
             Run("HF greedy", hf_generate(hf, 1, cfg, others), greedy),
             Run(f"HF beam {args.beam}", hf_generate(hf, args.beam, cfg, others), beam),
@@ -348,10 +300,10 @@ def main(argv: list[str] | None = None) -> None:
         try:
             import ctranslate2  # noqa: F401
         except ImportError:
-            sys.exit("error: --vs-ct2 needs CTranslate2, which is not installed (pip install ctranslate2 transformers)")
+            sys.exit("error: --vs-ct2 needs CTranslate2, which is not installed (pip install 'translate[export]')")
         with tempfile.TemporaryDirectory(prefix="ct2-") as workdir:  # the translator holds the model in memory
             threads = torch.get_num_threads()
-            translator, tokens = ct2_translator(hf_marian(model), threads, args.quantize, workdir, others)
+            translator, tokens = ct2_translator(model, threads, args.quantize, workdir, others)
             torch.set_num_threads(threads)  # CTranslate2 sets this thread's OpenMP count to its own
         runs += [
             Run("CT2 greedy", ct2_translate(translator, tokens, 1, cfg, others), greedy),

@@ -356,6 +356,30 @@ def plot(
 
 
 @app.command()
+def export(
+    checkpoint: Checkpoint,
+    out_dir: Annotated[Path, typer.Argument(help="The directory to write (new, or empty; see --force).")],
+    to: Annotated[str, typer.Option("--to", help="ctranslate2 | huggingface (MarianMT; post-norm models only).")] = ...,
+    quantize: Annotated[
+        Optional[str],
+        typer.Option(
+            "--quantize",
+            help="ctranslate2 only: int8 | int8_float32 | int8_float16 | int8_bfloat16 | int16 | float16 | bfloat16 "
+            "(default: float32).",
+        ),
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace OUT_DIR if it is not empty.")] = False,
+) -> None:
+    """Write the model for another engine: a CTranslate2 or Hugging Face directory with a README on how to load it.
+
+    Needs ctranslate2 or transformers, the `export` extras (make install has them)."""
+    from translate.export import export as run_export
+
+    run_export(checkpoint, to, out_dir, quantize=quantize, force=force)
+    typer.echo(f"exported {checkpoint} to {to} in {out_dir} (how to load it: {out_dir / 'README.md'})")
+
+
+@app.command()
 def info(checkpoint: Checkpoint) -> None:
     """Config, parameter count, vocabulary, step and scores of a checkpoint."""
     import yaml
