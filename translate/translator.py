@@ -22,7 +22,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import IO, Literal, TypeVar
 
@@ -56,6 +56,7 @@ def translate_lines(
     stream: bool = False,
     chunk_lines: int = 2000,
     workers: int = 0,
+    on_progress: Callable[[int], object] | None = None,
 ) -> Iterator[Translation]:
     """Translate `lines` (an ensemble when several models are given): an iterator that yields, per
     input line and in input order, its `nbest` (text, score) pairs, best first (score: log-prob /
@@ -64,7 +65,7 @@ def translate_lines(
     batch_tokens bounds sentences x beam_size x padded source length of the batches in flight;
     `workers` batches decode at once (0: `decode_workers` chooses), each with an equal share of
     batch_tokens and of torch's threads. The models must already be on `device` (default: the
-    first model's).
+    first model's). `on_progress(n)` is called as each batch of n lines is done (blank lines too).
     """
     models = [models] if isinstance(models, torch.nn.Module) else list(models)
     if beam_size < 1 or batch_tokens < 1 or chunk_lines < 1:
@@ -89,6 +90,7 @@ def translate_lines(
             nbest,
             device,
             workers,
+            on_progress,
         )
     )
 
@@ -205,6 +207,7 @@ def translate_sources(
     nbest: int,
     device: torch.device,
     workers: int = 1,
+    on_progress: Callable[[int], object] | None = None,
 ) -> list[Translation]:
     """Decode every non-blank source in token-budget batches, `workers` at once; results in the
     order of `sources`."""
@@ -233,6 +236,10 @@ def translate_sources(
             for i, hs in zip(rows, hyps, strict=True):
                 best = [(next(texts), h.score) for h in hs] or [("", float("-inf"))]
                 results[i] = (best + best[-1:] * nbest)[:nbest]  # always nbest entries
+            if on_progress:
+                on_progress(len(rows))
+    if on_progress and len(todo) < len(sources):
+        on_progress(len(sources) - len(todo))
     return results
 
 
@@ -512,10 +519,30 @@ def decode_file(
     lines = read_lines(input)
     models, tokenizer, cfg = load_models(checkpoints, resolve_device(device), dtype=dtype, quantize=quantize)
     options = decode_options(cfg, beam, length_penalty, batch_tokens, max_len_a, max_len_b)
-    translations = translate_lines(
-        models, tokenizer, lines, nbest=nbest, stream=str(input) == "-", workers=workers, **options
-    )
-    return write_translations(translations, output, nbest_format="tsv" if with_scores else "text")
+    with progress_bar(lambda: count_lines(input)) if str(input) != "-" else nullcontext() as update:
+        translations = translate_lines(
+            models, tokenizer, lines, nbest=nbest, stream=str(input) == "-", workers=workers, on_progress=update,
+            **options,
+        )  # fmt: skip
+        return write_translations(translations, output, nbest_format="tsv" if with_scores else "text")
+
+
+@contextmanager
+def progress_bar(total: Callable[[], int]) -> Iterator[Callable[[int], object] | None]:
+    """A tqdm bar on stderr (lines done of `total()`, sentences/s, ETA) and its update function
+    when stderr is a terminal; None otherwise, and nothing extra is written."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=total(), unit=" sentences", file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
+        yield bar.update
+
+
+def count_lines(path: str | Path) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
 
 
 def translate_file_lines(
@@ -535,7 +562,9 @@ def translate_file_lines(
     check_workers(workers)
     models, tokenizer, cfg = load_models(checkpoints, resolve_device(device), dtype=dtype, quantize=quantize)
     options = decode_options(cfg, beam, length_penalty, batch_tokens)
-    hypotheses = [nbest[0][0] for nbest in translate_lines(models, tokenizer, sources, workers=workers, **options)]
+    with progress_bar(lambda: len(sources)) as update:
+        translations = translate_lines(models, tokenizer, sources, workers=workers, on_progress=update, **options)
+        hypotheses = [nbest[0][0] for nbest in translations]
     if output is not None:
         write_translations([[(h, 0.0)] for h in hypotheses], output)
     return hypotheses
