@@ -99,7 +99,7 @@ class Batcher:
         return job.future
 
     def _take(self) -> list[Job] | None:
-        """The next round's jobs (at least one), or None once stopped with nothing queued."""
+        """The next round's jobs (those not cancelled), or None once stopped with nothing queued."""
         with self.cond:
             self.cond.wait_for(lambda: self.jobs or self.stopping)
             if not self.jobs:
@@ -111,7 +111,8 @@ class Batcher:
                 n += len(self.jobs[0].texts)
                 jobs.append(self.jobs.popleft())
             self.queued -= n
-            return jobs
+        # a job whose request was cancelled is dropped; the others can no longer be cancelled
+        return [job for job in jobs if job.future.set_running_or_notify_cancel()]
 
     def _run(self) -> None:
         while (jobs := self._take()) is not None:
