@@ -11,10 +11,10 @@ $(BIN)/translate: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(BIN)/python -m pip install --quiet -e ".[dev,export]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,export,serve]"
 	touch $(BIN)/translate
 
-install: $(BIN)/translate  ## create .venv and install the project with its dev tools and export extras
+install: $(BIN)/translate  ## create .venv and install the project with its dev tools and the export and serve extras
 
 data: install  ## fetch, clean and encode the corpus of CONFIG
 	$(BIN)/translate prepare --config $(CONFIG)

@@ -282,6 +282,40 @@ def evaluate(
 
 
 @app.command()
+def serve(
+    checkpoints: Annotated[list[Path], typer.Argument(help="One checkpoint, or several of one vocabulary.")],
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port (0: any free port, logged).")] = 8080,
+    beam: BeamOpt = None,
+    lenpen: LenpenOpt = None,
+    batch_tokens: BatchOpt = None,
+    workers: WorkersOpt = 0,
+    batch_window_ms: Annotated[
+        float, typer.Option("--batch-window-ms", help="How long a batch waits for more requests.")
+    ] = 5.0,
+    max_batch: Annotated[int, typer.Option("--max-batch", help="Most sentences decoded in one round.")] = 256,
+    max_queue: Annotated[int, typer.Option("--max-queue", help="Sentences waiting; past it: 503.")] = 1024,
+    max_texts: Annotated[int, typer.Option("--max-texts", help="Sentences in one request; past it: 413.")] = 256,
+    max_request_bytes: Annotated[int, typer.Option("--max-request-bytes", help="Body size; past it: 413.")] = 1 << 20,
+    log_text: Annotated[bool, typer.Option("--log-text", help="Also log each request's sentences.")] = False,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    quantize: QuantizeOpt = None,
+) -> None:
+    """HTTP JSON API: POST /translate {"text": ...} or {"texts": [...]}, GET /health (README, Deploying)."""
+    from translate.serve import serve as run_serve
+
+    _keep_freed_memory()
+
+    run_serve(
+        checkpoints, host=host, port=port, beam=beam, length_penalty=lenpen, batch_tokens=batch_tokens,
+        workers=workers, device=device, dtype=dtype, quantize=quantize, batch_window_ms=batch_window_ms,
+        max_batch=max_batch, max_queue=max_queue, max_texts=max_texts, max_request_bytes=max_request_bytes,
+        log_text=log_text,
+    )  # fmt: skip
+
+
+@app.command()
 def average(
     checkpoints: Annotated[Optional[list[Path]], typer.Argument(help="Checkpoints of one run to average.")] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="Where the averaged checkpoint goes.")] = ...,

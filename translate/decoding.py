@@ -41,6 +41,7 @@ def translate_lines(
     stream: bool = False,
     chunk_lines: int = 2000,
     workers: int = 0,
+    on_progress: Callable[[int], object] | None = None,
 ) -> Iterator[Translation]:
     """Translate `lines` (an ensemble when several models are given): an iterator that yields, per
     input line and in input order, its `search.nbest` (text, score) pairs, best first (score: log-prob /
@@ -49,7 +50,7 @@ def translate_lines(
     batch_tokens bounds sentences x beam_size x padded source length of the batches in flight;
     `workers` batches decode at once (0: `decode_workers` chooses), each with an equal share of
     batch_tokens and of torch's threads. The models must already be on `device` (default: the
-    first model's).
+    first model's). `on_progress(n)` is called as each batch of n lines is done (blank lines too).
     """
     models = [models] if isinstance(models, torch.nn.Module) else list(models)
     search.check()
@@ -71,6 +72,7 @@ def translate_lines(
             batch_tokens,
             device,
             workers,
+            on_progress,
         )
     )
 
@@ -186,6 +188,7 @@ def translate_sources(
     batch_tokens: int,
     device: torch.device,
     workers: int = 1,
+    on_progress: Callable[[int], object] | None = None,
 ) -> list[Translation]:
     """Decode every non-blank source in token-budget batches, `workers` at once; results in the
     order of `sources`."""
@@ -213,6 +216,10 @@ def translate_sources(
             for i, hs in zip(rows, hyps, strict=True):
                 best = [(next(texts), h.score) for h in hs] or [("", float("-inf"))]
                 results[i] = (best + best[-1:] * nbest)[:nbest]  # always nbest entries
+            if on_progress:
+                on_progress(len(rows))
+    if on_progress and len(todo) < len(sources):
+        on_progress(len(sources) - len(todo))
     return results
 
 

@@ -4,7 +4,9 @@ inference.py, files read and written by textio.py."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Literal
 
@@ -62,10 +64,30 @@ def decode_file(
     lines = read_lines(input)
     models, tokenizer, cfg = load_models(checkpoints, resolve_device(device), dtype=dtype, quantize=quantize)
     search, batch_tokens = decode_options(cfg, beam, length_penalty, batch_tokens, max_len_a, max_len_b, nbest)
-    translations = translate_lines(
-        models, tokenizer, lines, search, batch_tokens=batch_tokens, stream=str(input) == "-", workers=workers
-    )
-    return write_translations(translations, output, nbest_format="tsv" if with_scores else "text")
+    with progress_bar(lambda: count_lines(input)) if str(input) != "-" else nullcontext() as update:
+        translations = translate_lines(
+            models, tokenizer, lines, search, batch_tokens=batch_tokens, stream=str(input) == "-", workers=workers,
+            on_progress=update,
+        )  # fmt: skip
+        return write_translations(translations, output, nbest_format="tsv" if with_scores else "text")
+
+
+@contextmanager
+def progress_bar(total: Callable[[], int]) -> Iterator[Callable[[int], object] | None]:
+    """A tqdm bar on stderr (lines done of `total()`, sentences/s, ETA) and its update function
+    when stderr is a terminal; None otherwise, and nothing extra is written."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=total(), unit=" sentences", file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
+        yield bar.update
+
+
+def count_lines(path: str | Path) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
 
 
 def translate_file_lines(
@@ -85,8 +107,11 @@ def translate_file_lines(
     check_workers(workers)
     models, tokenizer, cfg = load_models(checkpoints, resolve_device(device), dtype=dtype, quantize=quantize)
     search, batch_tokens = decode_options(cfg, beam, length_penalty, batch_tokens)
-    translations = translate_lines(models, tokenizer, sources, search, batch_tokens=batch_tokens, workers=workers)
-    hypotheses = [nbest[0][0] for nbest in translations]
+    with progress_bar(lambda: len(sources)) as update:
+        translations = translate_lines(
+            models, tokenizer, sources, search, batch_tokens=batch_tokens, workers=workers, on_progress=update
+        )
+        hypotheses = [nbest[0][0] for nbest in translations]
     if output is not None:
         write_translations([[(h, 0.0)] for h in hypotheses], output)
     return hypotheses

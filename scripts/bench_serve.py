@@ -1,0 +1,148 @@
+"""Throughput and latency of `translate serve` against `translate decode` on the same sentences.
+
+    python scripts/bench_serve.py CKPT                       # first 200 lines of RUN/data/test.en
+    python scripts/bench_serve.py CKPT --src FILE --sentences 500 --clients 1,4,16
+
+It starts `translate serve CKPT --port 0` in a subprocess and, for each number of clients,
+sends the sentences one per request (`{"text": ...}`) from that many client threads, each on
+its own keep-alive connection, each sending its next request as soon as the last is answered.
+It prints sentences/s (sentences / wall time) and the median and 99th percentile of the
+request latencies. The baseline is the search `translate decode` runs, `translate_lines` with
+the checkpoint's options, over the same sentences in this process (the model loaded first, as
+the server's is), with the server idle. Every server answer is checked against it. The last
+line is the server's sentences/s at the most clients as a share of decode's. On a machine
+busy with other work the figures are noisy: run with --repeats 3 (medians are printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from translate.decoding import translate_lines
+from translate.hardware import describe_machine, resolve_device
+from translate.inference import keep_freed_memory, load_models
+from translate.translator import decode_options
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("checkpoint", nargs="?", default="runs/bible/checkpoints/best.pt")
+    p.add_argument("--src", help="English source file (default: RUN/data/test.en of the checkpoint's run)")
+    p.add_argument("--sentences", type=int, default=200, help="first N non-blank lines")
+    p.add_argument("--clients", default="1,4,16", help="comma-separated numbers of concurrent clients")
+    p.add_argument("--batch-window-ms", type=float, default=5.0, help="the server's --batch-window-ms")
+    p.add_argument("--repeats", type=int, default=1, help="runs of everything, taking turns; medians printed")
+    return p.parse_args(argv)
+
+
+class Server:
+    """`translate serve` in a subprocess on a free port of 127.0.0.1."""
+
+    def __init__(self, checkpoint: str, window: float) -> None:
+        command = [sys.executable, "-m", "translate", "serve", checkpoint, "--port", "0"]
+        self.proc = subprocess.Popen(
+            [*command, "--batch-window-ms", str(window), "--device", "cpu"],
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        for line in self.proc.stderr:
+            if m := re.search(r"on http://127\.0\.0\.1:(\d+)", line):
+                self.port = int(m.group(1))
+                break
+        else:
+            raise SystemExit("the server did not start")
+        threading.Thread(target=lambda: [None for _ in self.proc.stderr], daemon=True).start()  # drain its log
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=120)
+
+
+def run_clients(port: int, sentences: list[str], clients: int) -> tuple[float, list[float], list[str]]:
+    """(seconds, per-request latencies, translations in input order) with `clients` threads."""
+    results: list[str] = [""] * len(sentences)
+    latencies: list[float] = []
+
+    def client(k: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        for i in range(k, len(sentences), clients):
+            start = time.perf_counter()
+            conn.request("POST", "/translate", json.dumps({"text": sentences[i]}), {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            body = response.read()
+            latencies.append(time.perf_counter() - start)
+            if response.status != 200:
+                raise SystemExit(f"the server answered {response.status}: {body.decode()}")
+            results[i] = json.loads(body)["translation"]
+        conn.close()
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, range(clients)))
+    return time.perf_counter() - start, latencies, results
+
+
+def percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    clients = [int(c) for c in args.clients.split(",")]
+    src = Path(args.src) if args.src else Path(args.checkpoint).parent.parent / "data" / "test.en"
+    sentences = [line for line in src.read_text(encoding="utf-8").splitlines() if line.strip()][: args.sentences]
+    keep_freed_memory()  # as `translate decode` and `translate serve` do
+    models, tokenizer, cfg = load_models([args.checkpoint], resolve_device("cpu"))
+    search, batch_tokens = decode_options(cfg)
+    print(describe_machine())
+    print(
+        f"{len(sentences)} sentences of {src}, one per request; beam {search.beam_size}, "
+        f"batch window {args.batch_window_ms:g} ms; medians of {args.repeats} repeat(s)"
+    )
+    server = Server(args.checkpoint, args.batch_window_ms)
+    try:
+        run_clients(server.port, sentences[:4], 1)  # warm up
+        decode_s: list[float] = []
+        runs: dict[int, list[tuple[float, list[float]]]] = {c: [] for c in clients}
+        same = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            expected = [
+                n[0][0] for n in translate_lines(models, tokenizer, sentences, search, batch_tokens=batch_tokens)
+            ]
+            decode_s.append(time.perf_counter() - start)
+            for c in clients:
+                seconds, latencies, got = run_clients(server.port, sentences, c)
+                runs[c].append((seconds, latencies))
+                same.append(sum(a == b for a, b in zip(got, expected)) / len(sentences))
+    finally:
+        server.stop()
+    decode_rate = len(sentences) / statistics.median(decode_s)
+    print(f"{'':<22} {'sent/s':>9} {'p50 ms':>9} {'p99 ms':>9}")
+    print(f"{'translate decode':<22} {decode_rate:>9.1f} {'':>9} {'':>9}")
+    rate = 0.0
+    for c in clients:
+        rate = len(sentences) / statistics.median(s for s, _ in runs[c])
+        p50 = statistics.median(percentile(lat, 0.5) for _, lat in runs[c]) * 1000
+        p99 = statistics.median(percentile(lat, 0.99) for _, lat in runs[c]) * 1000
+        print(f"{f'serve, {c} client' + 's' * (c > 1):<22} {rate:>9.1f} {p50:>9.1f} {p99:>9.1f}")
+    print(f"outputs equal to decode's: {100 * min(same):.1f}%")
+    print(f"serve at {clients[-1]} clients / decode: {100 * rate / decode_rate:.0f}% of decode's sentences/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""`translate serve` through a real HTTP client against a real listening socket on 127.0.0.1."""
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.conftest import FIXTURES, run_cli
+
+pytest.importorskip("starlette", reason="translate serve needs the [serve] extra (starlette, uvicorn)")
+pytest.importorskip("uvicorn", reason="translate serve needs the [serve] extra (starlette, uvicorn)")
+
+SENTENCES = (FIXTURES / "bible.test.en").read_text(encoding="utf-8").splitlines()
+
+
+class Server:
+    """`translate serve CKPT --port 0 ...` in a subprocess; its stderr is collected in `lines`."""
+
+    def __init__(self, checkpoint, *options: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "translate", "serve", str(checkpoint), "--port", "0", *options],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.lines: list[str] = []
+        ready = threading.Event()
+
+        def read() -> None:
+            for line in self.proc.stderr:
+                self.lines.append(line.rstrip("\n"))
+                if line.startswith("serving "):
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        ready.wait(timeout=120)
+        found = [m for line in self.lines if (m := re.search(r"on (http://127\.0\.0\.1:\d+)", line))]
+        assert found, "the server did not start:\n" + "\n".join(self.lines)
+        self.url = found[0].group(1)
+
+    def post(self, body: bytes | str | dict, timeout: float = 60) -> tuple[int, str]:
+        """(status, response body) of POST /translate."""
+        data = json.dumps(body).encode() if isinstance(body, dict) else body
+        data = data.encode() if isinstance(data, str) else data
+        request = urllib.request.Request(self.url + "/translate", data=data, method="POST")
+        request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=30) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=120)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(trained_run):
+    run, _ = trained_run
+    return run / "checkpoints" / "best.pt"
+
+
+@pytest.fixture(scope="module")
+def decoded(checkpoint, tmp_path_factory):
+    """`translate decode` of the fixture sentences: what the server must answer."""
+    src = tmp_path_factory.mktemp("serve") / "test.en"
+    src.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    out = run_cli("decode", checkpoint, "-i", src).stdout.splitlines()
+    assert len(out) == len(SENTENCES)
+    return dict(zip(SENTENCES, out))
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint):
+    server = Server(checkpoint, "--max-texts", "8", "--max-request-bytes", "4096")
+    yield server
+    assert server.stop() == 0
+
+
+def test_concurrent_requests_all_answered_as_decode_does(server, decoded):
+    sentences = [SENTENCES[i % len(SENTENCES)] for i in range(200)]
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda s: server.post({"text": s}), sentences))
+    assert all(status == 200 for status, _ in answers), answers
+    assert [json.loads(body)["translation"] for _, body in answers] == [decoded[s] for s in sentences]
+    status, body = server.get("/health")
+    assert status == 200 and json.loads(body)["status"] == "ok"
+
+
+def test_texts_keep_their_order_and_nbest_gives_lists(server, decoded):
+    texts = SENTENCES[:5] + [""]
+    status, body = server.post({"texts": texts})
+    assert status == 200
+    assert json.loads(body) == {"translations": [decoded[s] for s in SENTENCES[:5]] + [""]}
+    status, body = server.post({"texts": SENTENCES[:3], "nbest": 2, "beam_size": 3})
+    answer = json.loads(body)
+    assert status == 200 and [len(n) for n in answer["translations"]] == [2, 2, 2]
+    assert [n[0] for n in answer["translations"]] == [decoded[s] for s in SENTENCES[:3]]  # the config's beam is 3
+    assert all(a >= b for scores in answer["scores"] for a, b in zip(scores, scores[1:]))
+    status, body = server.post({"text": SENTENCES[0], "beam_size": 1})
+    assert status == 200 and isinstance(json.loads(body)["translation"], str)
+
+
+@pytest.mark.parametrize(
+    "body, status",
+    [
+        (b"{not json", 400),
+        (b"", 400),
+        (b"\xff\xfe", 400),
+        (b"[1, 2]", 400),
+        ({"text": 3}, 400),
+        ({"texts": "one"}, 400),
+        ({"texts": ["a", 1]}, 400),
+        ({"text": "a", "texts": ["b"]}, 400),
+        ({"sentence": "a"}, 400),
+        ({"text": "a", "beam_size": 0}, 400),
+        ({"text": "a", "beam_size": True}, 400),
+        ({"text": "a", "nbest": 4, "beam_size": 2}, 400),
+        ({"text": "a", "length_penalty": "x"}, 400),
+        ({"texts": ["a"] * 9}, 413),
+        ({"text": "a" * 5000}, 413),
+    ],
+)
+def test_bad_requests_get_one_line_and_the_server_goes_on(server, decoded, body, status):
+    got, text = server.post(body)
+    assert got == status
+    assert "\n" not in text.strip() and set(json.loads(text)) == {"error"} and json.loads(text)["error"]
+    status, text = server.post({"text": SENTENCES[1]})
+    assert status == 200 and json.loads(text) == {"translation": decoded[SENTENCES[1]]}
+
+
+def test_unknown_path_and_method_are_json_errors(server):
+    assert server.get("/nope")[0] == 404 and "error" in json.loads(server.get("/nope")[1])
+    assert server.get("/translate")[0] == 405
+
+
+def test_request_text_is_logged_only_when_asked(server):
+    server.post({"text": "a secret sentence"})
+    logged = [line for line in server.lines if line.startswith("POST /translate 200")]
+    assert logged and re.search(r"1 sentences \d+ bytes [\d.]+ ms", logged[-1])
+    assert not any("secret" in line for line in server.lines)
+
+
+def test_overload_answers_503_and_spares_the_queued_request(checkpoint, decoded):
+    server = Server(checkpoint, "--max-queue", "2", "--max-texts", "2", "--batch-window-ms", "3000", "--log-text")
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(server.post, {"texts": SENTENCES[:2]})
+            while json.loads(server.get("/health")[1])["queued"] < 2 and not first.done():
+                time.sleep(0.05)  # the first request waits in the batching window
+            status, text = server.post({"text": SENTENCES[2]})
+            assert status == 503 and "busy" in json.loads(text)["error"]
+            status, text = first.result()
+            assert status == 200 and json.loads(text) == {"translations": [decoded[s] for s in SENTENCES[:2]]}
+        assert any(SENTENCES[0] in line for line in server.lines)  # --log-text
+    finally:
+        assert server.stop() == 0
+
+
+def test_sigterm_under_load_answers_every_accepted_request(checkpoint, decoded):
+    server = Server(checkpoint, "--batch-window-ms", "50")
+    answered = threading.Semaphore(0)
+    statuses: list[int] = []
+    wrong: list[str] = []
+
+    def client(k: int) -> None:
+        for i in range(1000):
+            sentence = SENTENCES[(k + i) % len(SENTENCES)]
+            try:
+                status, body = server.post({"text": sentence})
+            except (OSError, http.client.HTTPException):
+                return  # not accepted: the server has stopped listening
+            statuses.append(status)
+            if status != 200 or json.loads(body)["translation"] != decoded[sentence]:
+                wrong.append(body)
+            answered.release()
+
+    with ThreadPoolExecutor(16) as pool:
+        for k in range(16):
+            pool.submit(client, k)
+        for _ in range(40):
+            answered.acquire(timeout=60)
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=120) == 0
+    assert not wrong
+    stopped = [line for line in server.lines if line.startswith("stopped: answered")]
+    assert stopped and int(stopped[0].split()[2]) == len(statuses) >= 40
+
+
+def test_without_the_extra_serve_says_what_to_install(checkpoint, tmp_path):
+    (tmp_path / "uvicorn.py").write_text("raise ImportError('no uvicorn here')\n")
+    result = run_cli("serve", checkpoint, check=False, env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.getcwd()}"})
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: translate serve needs starlette and uvicorn: pip install 'translate[serve]'"
+    ]
+
+
+def test_port_in_use_is_one_line(checkpoint, server):
+    port = server.url.rsplit(":", 1)[1]
+    result = run_cli("serve", checkpoint, "--port", port, check=False)
+    assert result.returncode == 2 and result.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}")

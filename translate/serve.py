@@ -1,0 +1,364 @@
+"""`translate serve`: the model loaded once behind an HTTP JSON API (Starlette on uvicorn).
+
+    POST /translate  {"text": "..."} or {"texts": [...]}, optional beam_size, length_penalty, nbest
+                     -> {"translation": "..."} or {"translations": [...]} in input order; with
+                     nbest, a list per sentence (best first) and "scores" of the same shape
+    GET  /health     -> {"status": "ok", ...}
+
+Requests are parsed and checked on the event loop, then queued for one `Batcher` thread. The
+batcher waits a short window (--batch-window-ms) for more requests, groups what has arrived by
+search options and decodes each group with `translator.translate_lines`, the batched search of
+`translate decode`, so concurrent requests share batches. The queue is bounded in sentences:
+past --max-queue a request gets 503 at once; a body over --max-request-bytes or more than
+--max-texts sentences gets 413, a malformed one 400, each with one line of JSON
+`{"error": "..."}`, and none of them touches the requests already queued. SIGTERM (or Ctrl-C)
+stops accepting connections, answers every request already accepted, and exits 0 (130 for Ctrl-C).
+Each request is logged with its size and latency; its text only with --log-text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import math
+import signal
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from translate.config import SearchOptions
+from translate.errors import UserError
+
+log = logging.getLogger("translate")
+
+FIELDS = ("text", "texts", "beam_size", "length_penalty", "nbest")
+MAX_BEAM = 64
+
+
+class RequestError(Exception):
+    """A request the server refuses: its HTTP status and a one-line message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Job:
+    """One request's sentences and search options; `future` gets its list of n-best lists."""
+
+    texts: list[str]
+    search: SearchOptions
+    future: Future = field(default_factory=Future)
+
+
+class Batcher:
+    """The one thread that decodes: takes the queued jobs in rounds of up to `max_batch`
+    sentences (waiting up to `window` seconds for more after the first), and decodes the jobs of
+    a round that share search options in one `translate_lines` call."""
+
+    def __init__(
+        self, models, tokenizer, batch_tokens: int, *, workers: int, window: float, max_queue: int, max_batch: int
+    ) -> None:
+        self.models, self.tokenizer, self.batch_tokens, self.workers = models, tokenizer, batch_tokens, workers
+        self.window, self.max_queue, self.max_batch = window, max_queue, max_batch
+        self.jobs: deque[Job] = deque()
+        self.queued = 0  # sentences waiting in self.jobs
+        self.cond = threading.Condition()
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="translate-batcher", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Decode what is queued, then end the thread."""
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+        self.thread.join()
+
+    def submit(self, texts: list[str], search: SearchOptions) -> Future:
+        """Queue a request's sentences; RequestError 503 when the queue cannot take them."""
+        job = Job(texts, search)
+        with self.cond:
+            if self.stopping:
+                raise RequestError(503, "the server is shutting down")
+            if self.queued + len(texts) > self.max_queue:
+                raise RequestError(
+                    503, f"server busy: {self.queued} sentences queued (--max-queue {self.max_queue}); retry later"
+                )
+            self.jobs.append(job)
+            self.queued += len(texts)
+            self.cond.notify_all()
+        return job.future
+
+    def _take(self) -> list[Job] | None:
+        """The next round's jobs (those not cancelled), or None once stopped with nothing queued."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.jobs or self.stopping)
+            if not self.jobs:
+                return None
+            self.cond.wait_for(lambda: self.queued >= self.max_batch or self.stopping, timeout=self.window)
+            jobs = [self.jobs.popleft()]
+            n = len(jobs[0].texts)
+            while self.jobs and n + len(self.jobs[0].texts) <= self.max_batch:
+                n += len(self.jobs[0].texts)
+                jobs.append(self.jobs.popleft())
+            self.queued -= n
+        # a job whose request was cancelled is dropped; the others can no longer be cancelled
+        return [job for job in jobs if job.future.set_running_or_notify_cancel()]
+
+    def _run(self) -> None:
+        while (jobs := self._take()) is not None:
+            groups: dict[SearchOptions, list[Job]] = {}
+            for job in jobs:
+                groups.setdefault(job.search, []).append(job)
+            for search, group in groups.items():
+                self._decode(search, group)
+
+    def _decode(self, search: SearchOptions, jobs: list[Job]) -> None:
+        from translate.decoding import translate_lines
+
+        texts = [text for job in jobs for text in job.texts]
+        try:
+            translations = list(
+                translate_lines(
+                    self.models, self.tokenizer, texts, search, batch_tokens=self.batch_tokens, workers=self.workers
+                )
+            )
+        except Exception as e:  # the requests get a 500 with the reason; the server goes on
+            log.error(f"decoding {len(texts)} sentences failed: {type(e).__name__}: {e}")
+            for job in jobs:
+                job.future.set_exception(e)
+            return
+        start = 0
+        for job in jobs:
+            job.future.set_result(translations[start : start + len(job.texts)])
+            start += len(job.texts)
+
+
+def parse_request(body: bytes, defaults: SearchOptions, max_texts: int) -> tuple[list[str], bool, SearchOptions, bool]:
+    """A /translate body -> (sentences, whether one "text" was given, search options, whether
+    nbest was given); RequestError 400 (malformed) or 413 (too many sentences)."""
+    if not body.strip():
+        raise RequestError(400, 'empty body: send a JSON object such as {"text": "Hello."}')
+    try:
+        request = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RequestError(400, f"the body is not valid JSON: {e}") from None
+    if not isinstance(request, dict):
+        raise RequestError(400, f'the body must be a JSON object such as {{"text": "Hello."}}, not {_kind(request)}')
+    if unknown := [key for key in request if key not in FIELDS]:
+        raise RequestError(400, f"unknown field {unknown[0]!r} (known: {', '.join(FIELDS)})")
+    if ("text" in request) == ("texts" in request):
+        raise RequestError(400, 'give either "text" (a string) or "texts" (a list of strings)')
+    single = "text" in request
+    if single:
+        if not isinstance(request["text"], str):
+            raise RequestError(400, f'"text" must be a string, not {_kind(request["text"])}')
+        texts = [request["text"]]
+    else:
+        texts = request["texts"]
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise RequestError(400, '"texts" must be a list of strings')
+        if len(texts) > max_texts:
+            raise RequestError(413, f"{len(texts)} sentences in one request; at most {max_texts} (--max-texts)")
+    beam_size = request.get("beam_size", defaults.beam_size)
+    if not _is_int(beam_size) or not 1 <= beam_size <= MAX_BEAM:
+        raise RequestError(400, f'"beam_size" must be an integer from 1 to {MAX_BEAM}, got {json.dumps(beam_size)}')
+    length_penalty = request.get("length_penalty", defaults.length_penalty)
+    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or not length_penalty >= 0:
+        raise RequestError(400, f'"length_penalty" must be a number >= 0, got {json.dumps(length_penalty)}')
+    nbest = request.get("nbest", 1)
+    if not _is_int(nbest) or not 1 <= nbest <= beam_size:
+        raise RequestError(
+            400, f'"nbest" must be an integer from 1 to the beam size ({beam_size}), got {json.dumps(nbest)}'
+        )
+    search = dataclasses.replace(defaults, beam_size=beam_size, length_penalty=float(length_penalty), nbest=nbest)
+    return texts, single, search, "nbest" in request
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _kind(value: object) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number"
+    )
+
+
+def create_app(
+    batcher: Batcher,
+    defaults: dict,
+    *,
+    max_request_bytes: int,
+    max_texts: int,
+    log_text: bool = False,
+    info: dict | None = None,
+):
+    """The Starlette application: /translate and /health, every error as one line of JSON."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    answered = 0
+
+    def error(status: int, message: str) -> JSONResponse:
+        return JSONResponse({"error": message}, status_code=status)
+
+    async def read_body(request) -> bytes:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > max_request_bytes:
+            raise RequestError(
+                413, f"the body has {int(length)} bytes; at most {max_request_bytes} (--max-request-bytes)"
+            )
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > max_request_bytes:
+                raise RequestError(413, f"the body is over {max_request_bytes} bytes (--max-request-bytes)")
+        return bytes(body)
+
+    async def translate(request) -> JSONResponse:
+        nonlocal answered
+        start = time.perf_counter()
+        size, status, texts = 0, 200, []
+        try:
+            body = await read_body(request)
+            size = len(body)
+            texts, single, search, with_nbest = parse_request(body, defaults, max_texts)
+            translations = await asyncio.wrap_future(batcher.submit(texts, search))
+        except RequestError as e:
+            status, response = e.status, error(e.status, str(e))
+        except Exception as e:  # a fault in decoding: reported, the server goes on
+            status, response = 500, error(500, f"{type(e).__name__}: {e}")
+        else:
+            if with_nbest:
+                out = [[text for text, _ in nbest] for nbest in translations]
+                scores = [[round(score, 4) for _, score in nbest] for nbest in translations]
+                response = JSONResponse(
+                    {"translation": out[0], "scores": scores[0]} if single else {"translations": out, "scores": scores}
+                )
+            else:
+                out = [nbest[0][0] for nbest in translations]
+                response = JSONResponse({"translation": out[0]} if single else {"translations": out})
+            answered += 1
+        line = f"POST /translate {status} {len(texts)} sentences {size} bytes {1000 * (time.perf_counter() - start):.1f} ms"
+        if log_text and texts:
+            line += f" text={json.dumps(texts, ensure_ascii=False)}"
+        log.info(line)
+        return response
+
+    async def health(request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "queued": batcher.queued, "answered": answered, **(info or {})})
+
+    async def http_error(request, exc: HTTPException) -> JSONResponse:
+        return error(exc.status_code, exc.detail)
+
+    app = Starlette(
+        routes=[Route("/translate", translate, methods=["POST"]), Route("/health", health, methods=["GET"])],
+        exception_handlers={HTTPException: http_error},
+    )
+    app.state.answered = lambda: answered
+    return app
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (port 0: any free port); UserError if it cannot be had."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family, backlog=1024)
+    except OSError as e:
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def serve(
+    checkpoints: Sequence[str | Path],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    beam: int | None = None,
+    length_penalty: float | None = None,
+    batch_tokens: int | None = None,
+    workers: int = 0,
+    device: str = "auto",
+    dtype: str = "auto",
+    quantize: str | None = None,
+    batch_window_ms: float = 5.0,
+    max_batch: int = 256,
+    max_queue: int = 1024,
+    max_texts: int = 256,
+    max_request_bytes: int = 1 << 20,
+    log_text: bool = False,
+) -> int:
+    """`translate serve`: load the checkpoints once and answer HTTP until SIGTERM or Ctrl-C;
+    returns the number of /translate requests answered."""
+    try:
+        import uvicorn
+        from starlette.applications import Starlette  # noqa: F401
+    except ImportError:
+        raise UserError("translate serve needs starlette and uvicorn: pip install 'translate[serve]'") from None
+    from translate.decoding import check_workers
+    from translate.hardware import resolve_device
+    from translate.inference import load_models
+    from translate.translator import decode_options
+
+    for option, value, low in [
+        ("--batch-window-ms", batch_window_ms, 0),
+        ("--max-batch", max_batch, 1),
+        ("--max-queue", max_queue, 1),
+        ("--max-texts", max_texts, 1),
+        ("--max-request-bytes", max_request_bytes, 1),
+    ]:
+        if not value >= low or not math.isfinite(value):
+            raise UserError(f"{option} must be at least {low}, got {value}")
+    if max_texts > max_queue:
+        raise UserError(f"--max-texts ({max_texts}) must not exceed --max-queue ({max_queue})")
+    check_workers(workers)
+    if beam is not None and not 1 <= beam <= MAX_BEAM:
+        raise UserError(f"--beam must be from 1 to {MAX_BEAM}, got {beam}")
+    sock = listen(host, port)
+    dev = resolve_device(device)
+    models, tokenizer, cfg = load_models(checkpoints, dev, dtype=dtype, quantize=quantize)
+    defaults, batch_tokens = decode_options(cfg, beam, length_penalty, batch_tokens)
+    batcher = Batcher(
+        models, tokenizer, batch_tokens, workers=workers, window=batch_window_ms / 1000, max_queue=max_queue,
+        max_batch=max_batch,
+    )  # fmt: skip
+    info = {
+        "models": [str(c) for c in checkpoints], "device": str(dev), "beam_size": defaults.beam_size,
+        "length_penalty": defaults.length_penalty,
+    }  # fmt: skip
+    app = create_app(
+        batcher, defaults, max_request_bytes=max_request_bytes, max_texts=max_texts, log_text=log_text, info=info
+    )
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=None)
+    server = uvicorn.Server(config)
+    bound = sock.getsockname()
+    log.info(
+        f"serving {', '.join(map(str, checkpoints))} on http://{host}:{bound[1]} ({dev}, beam {defaults.beam_size}, "
+        f"batch window {batch_window_ms:g} ms); SIGTERM or Ctrl-C stops after answering the requests in flight"
+    )
+    # uvicorn handles SIGTERM and SIGINT while it runs, then raises the signal again under the handler
+    # that was there before: for SIGTERM a quiet one, so a drained server exits 0.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    batcher.start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        batcher.stop()
+        signal.signal(signal.SIGTERM, previous)
+        sock.close()
+    answered = app.state.answered()
+    log.info(f"stopped: answered {answered} requests")
+    return answered
