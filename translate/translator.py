@@ -33,6 +33,7 @@ from translate.config import Config
 from translate.errors import UserError, atomic_write, check_output_path, is_out_of_memory, text_lines
 from translate.hardware import DTYPES, choose_decode_dtype, resolve_device
 from translate.model import EOS, PAD, Transformer
+from translate.protect import Protector
 from translate.search import Hypothesis, beam_search
 from translate.tokenizer import Tokenizer
 
@@ -56,6 +57,7 @@ def translate_lines(
     stream: bool = False,
     chunk_lines: int = 2000,
     workers: int = 0,
+    protect: Sequence[str] = (),
 ) -> Iterator[Translation]:
     """Translate `lines` (an ensemble when several models are given): an iterator that yields, per
     input line and in input order, its `nbest` (text, score) pairs, best first (score: log-prob /
@@ -64,7 +66,7 @@ def translate_lines(
     batch_tokens bounds sentences x beam_size x padded source length of the batches in flight;
     `workers` batches decode at once (0: `decode_workers` chooses), each with an equal share of
     batch_tokens and of torch's threads. The models must already be on `device` (default: the
-    first model's).
+    first model's). Spans of the `protect` classes are copied verbatim (translate/protect.py).
     """
     models = [models] if isinstance(models, torch.nn.Module) else list(models)
     if beam_size < 1 or batch_tokens < 1 or chunk_lines < 1:
@@ -76,8 +78,9 @@ def translate_lines(
     workers = workers or decode_workers(device)
     max_pieces = min(m.cfg.max_positions for m in models) - 1  # + EOS = the model's capacity
     search = dict(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b)
-    chunks = (arrived_chunks if stream else fixed_chunks)(lines, chunk_lines)
-    return (
+    protector = Protector(protect, tokenizer)
+    chunks = (arrived_chunks if stream else fixed_chunks)(protector.mask_lines(lines), chunk_lines)
+    return protector.restore(
         translation
         for chunk in chunks
         for translation in translate_sources(
@@ -477,7 +480,8 @@ def decode_options(
     ]:
         if value is not None and value < low:
             raise UserError(f"{option} must be at least {low}, got {value}")
-    return {key: getattr(cfg.decode, key) if value is None else value for key, value in given.items()}
+    options = {key: getattr(cfg.decode, key) if value is None else value for key, value in given.items()}
+    return {**options, "protect": cfg.decode.protect}
 
 
 def check_workers(workers: int) -> None:
