@@ -32,19 +32,31 @@ CASES = [  # text, the protected spans (texts, left to right)
     ("100%% sure, 50%% off", ["100", "50"]),  # %% is an escape, not a placeholder
     ("%%s is literal", []),
     ("50% of it and/or more", ["50"]),
-    ("{count} files, {0} and {} and {name!r:>10} {user.name} {0:.2f}", ["{count}", "{0}", "{}", "{name!r:>10}", "{user.name}", "{0:.2f}"]),
+    (
+        "{count} files, {0} and {} and {name!r:>10} {user.name} {0:.2f}",
+        ["{count}", "{0}", "{}", "{name!r:>10}", "{user.name}", "{0:.2f}"],
+    ),
     ("{{literal}} but {real}", ["{real}"]),  # {{ }} are escapes
     ("{{{{x}}}}", []),
     ("{count, number} likes", ["{count, number}"]),
     ("Click <b>Save</b> now<br/><br />", ["<b>", "</b>", "<br/>", "<br />"]),
-    ('<a href="https://x.org/a?b=1" class=\'c\'>here</a>', ['<a href="https://x.org/a?b=1" class=\'c\'>', "</a>"]),
+    ("<a href=\"https://x.org/a?b=1\" class='c'>here</a>", ["<a href=\"https://x.org/a?b=1\" class='c'>", "</a>"]),
     ('<img src="logo.png" alt="Logo"/>', ['<img src="logo.png" alt="Logo"/>']),
     ("a < b and c > d", []),
     ("See https://example.com/path.", ["https://example.com/path"]),
     ("(https://example.com/a_(b)), or www.example.org/x!", ["https://example.com/a_(b", "www.example.org/x"]),
-    ("Is it http://localhost:8080/status? Yes: ftp://f.example.com/pub;", ["http://localhost:8080/status", "ftp://f.example.com/pub"]),
-    ("Mail me@example.com, or first.last+tag@mail.example.co.uk.", ["me@example.com", "first.last+tag@mail.example.co.uk"]),
-    ("Saved to /home/user/report.pdf. Then ~/notes.txt and ./run.sh", ["/home/user/report.pdf", "~/notes.txt", "./run.sh"]),
+    (
+        "Is it http://localhost:8080/status? Yes: ftp://f.example.com/pub;",
+        ["http://localhost:8080/status", "ftp://f.example.com/pub"],
+    ),
+    (
+        "Mail me@example.com, or first.last+tag@mail.example.co.uk.",
+        ["me@example.com", "first.last+tag@mail.example.co.uk"],
+    ),
+    (
+        "Saved to /home/user/report.pdf. Then ~/notes.txt and ./run.sh",
+        ["/home/user/report.pdf", "~/notes.txt", "./run.sh"],
+    ),
     (r"Open C:\Users\me\file.txt. Or \\server\share\data.csv", [r"C:\Users\me\file.txt", r"\\server\share\data.csv"]),
     ("Pay 1,299.99 for 3 items, v1.2.3 and 2.", ["1,299.99", "3", "2"]),
     ("Version 1.2.3 is out", ["1.2.3"]),
@@ -96,7 +108,9 @@ def test_unmask_follows_the_order_the_model_chose():
 def test_at_most_max_placeholders_are_masked():
     text = " ".join(str(i) for i in range(MAX_PLACEHOLDERS + 5))
     masked, spans = mask(text)
-    assert len(spans) == MAX_PLACEHOLDERS and masked.endswith(" ".join(str(i) for i in range(MAX_PLACEHOLDERS, MAX_PLACEHOLDERS + 5)))
+    assert len(spans) == MAX_PLACEHOLDERS and masked.endswith(
+        " ".join(str(i) for i in range(MAX_PLACEHOLDERS, MAX_PLACEHOLDERS + 5))
+    )
     assert unmask(masked, spans) == text
 
 
@@ -118,7 +132,9 @@ def test_repair_leaves_each_placeholder_exactly_once():
     rng = random.Random(0)
     for _ in range(200):
         n = rng.randint(0, 5)
-        output = " ".join(rng.choice(["le", "chat", ".", placeholder(rng.randint(0, 7))]) for _ in range(rng.randint(0, 8)))
+        output = " ".join(
+            rng.choice(["le", "chat", ".", placeholder(rng.randint(0, 7))]) for _ in range(rng.randint(0, 8))
+        )
         fixed, _ = repair(output, n)
         assert sorted(int(i) for i in PLACEHOLDER.findall(fixed)) == list(range(n))
 
@@ -146,7 +162,9 @@ def test_placeholders_are_single_pieces_of_the_vocabulary():
     tok = Tokenizer.train(sentences, 200, user_symbols=placeholder_symbols())
     assert has_placeholders(tok)
     for i in range(MAX_PLACEHOLDERS):
-        assert tok.pieces(f"a{placeholder(i)}b")[-2:-1] == [placeholder(i)] or placeholder(i) in tok.pieces(f"a{placeholder(i)}b")
+        assert tok.pieces(f"a{placeholder(i)}b")[-2:-1] == [placeholder(i)] or placeholder(i) in tok.pieces(
+            f"a{placeholder(i)}b"
+        )
     assert tok.decode(tok.encode(["Copy ⦅3⦆ to ⦅12⦆."])) == ["Copy ⦅3⦆ to ⦅12⦆."]
     assert not has_placeholders(Tokenizer.train(sentences, 200))
 

@@ -169,7 +169,7 @@ class Protector:
         self.enabled = bool(self.classes) and has_placeholders(tokenizer)
         if self.classes and not self.enabled and not Protector.warned:
             Protector.warned = True
-            log.warning("this vocabulary has no placeholder pieces (trained without data.protect): spans not protected")
+            log.warning("this vocabulary has no placeholder pieces (data.protect_share was 0): spans not protected")
         self.pending: deque[list[str]] = deque()
         self.lines = self.repaired = 0
 
