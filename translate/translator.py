@@ -480,8 +480,7 @@ def decode_options(
     ]:
         if value is not None and value < low:
             raise UserError(f"{option} must be at least {low}, got {value}")
-    options = {key: getattr(cfg.decode, key) if value is None else value for key, value in given.items()}
-    return {**options, "protect": cfg.decode.protect}
+    return {key: getattr(cfg.decode, key) if value is None else value for key, value in given.items()}
 
 
 def check_workers(workers: int) -> None:
@@ -517,7 +516,14 @@ def decode_file(
     models, tokenizer, cfg = load_models(checkpoints, resolve_device(device), dtype=dtype, quantize=quantize)
     options = decode_options(cfg, beam, length_penalty, batch_tokens, max_len_a, max_len_b)
     translations = translate_lines(
-        models, tokenizer, lines, nbest=nbest, stream=str(input) == "-", workers=workers, **options
+        models,
+        tokenizer,
+        lines,
+        nbest=nbest,
+        stream=str(input) == "-",
+        workers=workers,
+        protect=cfg.decode.protect,
+        **options,
     )
     return write_translations(translations, output, nbest_format="tsv" if with_scores else "text")
 
@@ -539,7 +545,10 @@ def translate_file_lines(
     check_workers(workers)
     models, tokenizer, cfg = load_models(checkpoints, resolve_device(device), dtype=dtype, quantize=quantize)
     options = decode_options(cfg, beam, length_penalty, batch_tokens)
-    hypotheses = [nbest[0][0] for nbest in translate_lines(models, tokenizer, sources, workers=workers, **options)]
+    hypotheses = [
+        nbest[0][0]
+        for nbest in translate_lines(models, tokenizer, sources, workers=workers, protect=cfg.decode.protect, **options)
+    ]
     if output is not None:
         write_translations([[(h, 0.0)] for h in hypotheses], output)
     return hypotheses
