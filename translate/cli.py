@@ -148,6 +148,14 @@ def train(
     config: ConfigOpt,
     set_: SetOpt = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run from its checkpoints/last.pt.")] = False,
+    init_from: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--init-from",
+            help="Start a new run from this checkpoint's weights and vocabulary, with a fresh optimizer "
+            "(domain adaptation; same as train.init_from).",
+        ),
+    ] = None,
 ) -> None:
     """Train a Transformer (prepares the data first if needed). TensorBoard logs in RUN_DIR/NAME/tb."""
     import os
@@ -155,7 +163,7 @@ def train(
     from translate.hardware import choose_amp, resolve_device
     from translate.train import train as run_train
 
-    cfg = _load_cfg(config, set_)
+    cfg = _load_cfg(config, [*(set_ or []), *([f"train.init_from={init_from}"] if init_from else [])])
     device = resolve_device(cfg.train.device, "train.device", int(os.environ.get("LOCAL_RANK", "0")))
     choose_amp(cfg.train.amp, device)  # a precision the machine cannot run is refused before anything is written
     if os.environ.get("RANK", "0") == "0":
@@ -437,6 +445,8 @@ def info(checkpoint: Checkpoint) -> None:
         typer.echo(f"trained on: {h['device']} x{h['world_size']}, {h['precision']} ({h['reason']})")
     if ckpt.get("progress", {}).get("elapsed"):
         typer.echo(f"time trained: {ckpt['progress']['elapsed'] / 60:.1f} min")
+    if ckpt.get("init_from"):
+        typer.echo(f"initialised from: {ckpt['init_from']['path']} (step {ckpt['init_from']['step']})")
     if ckpt.get("averaged_from"):
         typer.echo(f"averaged from: {', '.join(ckpt['averaged_from'])}")
     typer.echo("versions: " + ", ".join(f"{k} {v}" for k, v in ckpt.get("versions", {}).items()))

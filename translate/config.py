@@ -20,6 +20,8 @@ import yaml
 
 from translate.errors import UserError
 from translate.hardware import check_device_name
+from translate.protect import CLASSES as PROTECT_CLASSES
+from translate.protect import check_classes
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class DataConfig:
     bible_db: Optional[str] = None  # a bible.db to use instead of the downloaded one
     bible_en: list[str] = field(default_factory=lambda: ["4"])  # English translations (train)
     bible_fr: str = "l"  # French translation
+    protect: list[str] = field(default_factory=lambda: list(PROTECT_CLASSES))  # span classes (translate/protect.py)
+    protect_share: float = 0.1  # share of train pairs given placeholders; 0 = none (and no placeholder pieces)
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,7 @@ class TrainConfig:
     patience: Optional[int] = None  # early stopping, in evaluations
     average_last: Optional[int] = None  # average the last N checkpoints at the end
     max_bad_steps: int = 10  # stop after this many non-finite updates in a row
+    init_from: Optional[str] = None  # a checkpoint whose weights and vocabulary start this run (--init-from)
 
 
 def at_least(value: float, low: float, name: str) -> None:
@@ -154,6 +159,7 @@ class DecodeConfig:
     max_len_a: float = SearchOptions.max_len_a
     max_len_b: int = 10  # SearchOptions.max_len_b, an integer in the config
     batch_tokens: int = 8000  # sentences x beam x longest source (pieces), summed over the batches decoded at once
+    protect: list[str] = field(default_factory=lambda: list(PROTECT_CLASSES))  # spans copied verbatim; [] = off
 
     def search_options(
         self, names: dict[str, str] | None = None, nbest: int = 1, **given: float | None
@@ -333,6 +339,7 @@ def _check(cfg: Config) -> None:
         (cfg.data.max_train_pairs is None or cfg.data.max_train_pairs >= 1, "data.max_train_pairs must be at least 1"),
         (cfg.data.num_workers is None or cfg.data.num_workers >= 0, "data.num_workers must not be negative"),
         (cfg.data.valid_size >= 1 and cfg.data.test_size >= 1, "data.valid_size and data.test_size must be at least 1"),
+        (0 <= cfg.data.protect_share <= 1, "data.protect_share must be in [0, 1]"),
         (bool(cfg.name) and "/" not in cfg.name, f"name must be a plain directory name, got {cfg.name!r}"),
     ]
     for ok, message in rules:
@@ -341,6 +348,9 @@ def _check(cfg: Config) -> None:
     d.search_options({f: f"decode.{f}" for f in CLI_NAMES})
     at_least(d.batch_tokens, 1, "decode.batch_tokens")
     check_device_name(t.device, "train.device")
+    for why in (check_classes(cfg.data.protect, "data.protect"), check_classes(d.protect, "decode.protect")):
+        if why:
+            raise UserError(why)
     if t.max_time is not None:
         parse_duration(t.max_time, "train.max_time")
     if cfg.data.source == "files" and not cfg.data.train:

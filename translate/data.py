@@ -36,8 +36,10 @@ import sentencepiece as spm
 import torch
 from tqdm import tqdm
 
+from translate.adapt import init_vocabulary, vocabulary_hash
 from translate.config import Config, config_to_dict
 from translate.errors import UserError
+from translate.protect import augment_pairs, has_placeholders, placeholder_symbols
 from translate.sources import open_source
 from translate.tokenizer import BOS, EOS, PAD, Tokenizer
 
@@ -279,6 +281,8 @@ def fingerprint(cfg: Config) -> str:
     """What the prepared data depends on: the data and vocab config (and the source files' sizes)."""
     raw = {"data": config_to_dict(cfg)["data"], "vocab": config_to_dict(cfg)["vocab"], "seed": cfg.seed}
     raw["data"].pop("num_workers", None)  # how many processes encode does not change the result
+    if cfg.train.init_from:  # the vocabulary is the checkpoint's, whatever the vocab section says
+        raw["vocab"] = vocabulary_hash(cfg)
     for key in ("train", "valid", "test", "dataset", "bible_db"):
         value = raw["data"].get(key)
         if value:
@@ -449,6 +453,8 @@ def _encode_split(cfg: Config, tok: Tokenizer, data_dir: Path, split: str, n: in
     """Encode a split to id arrays on disk; for train, drop pairs that are too long or too unbalanced."""
     limits = (cfg.data.max_len, cfg.data.max_ratio) if split == "train" else None
     pairs = _read_pairs(data_dir, split, cfg)
+    if split == "train" and cfg.data.protect_share > 0 and has_placeholders(tok):
+        pairs = augment_pairs(pairs, cfg.data.protect, cfg.data.protect_share, cfg.seed)
     chunks = iter(lambda: list(itertools.islice(pairs, ENCODE_CHUNK)), [])
     results = _encoded_chunks(((chunk, token_dtype(tok.vocab_size), limits) for chunk in chunks), tok, workers)
     writers = [TokenWriter(data_dir / f"{split}.{side}", tok.vocab_size) for side in ("src", "tgt")]
@@ -489,10 +495,19 @@ def prepare(cfg: Config, force: bool = False) -> Path:
     meta_path = data_dir / "meta.json"
     meta_path.unlink(missing_ok=True)  # a half-done prepare is never taken for a finished one
     sizes = _clean_splits(cfg, data_dir)
-    sample = _sample_sentences(cfg, data_dir, sizes["train"])
-    log.info(f"training SentencePiece ({cfg.vocab.model_type}, {cfg.vocab.size} pieces) on {len(sample):,} sentences")
-    tok = Tokenizer.train(sample, cfg.vocab.size, cfg.vocab.model_type, cfg.vocab.character_coverage, cfg.seed)
-    del sample
+    if (init_model := init_vocabulary(cfg)) is not None:
+        log.info(f"vocabulary: the one of {cfg.train.init_from} (train.init_from), not trained")
+        tok = Tokenizer(init_model)
+    else:
+        sample = _sample_sentences(cfg, data_dir, sizes["train"])
+        log.info(
+            f"training SentencePiece ({cfg.vocab.model_type}, {cfg.vocab.size} pieces) on {len(sample):,} sentences"
+        )
+        symbols = placeholder_symbols() if cfg.data.protect_share > 0 else []
+        tok = Tokenizer.train(
+            sample, cfg.vocab.size, cfg.vocab.model_type, cfg.vocab.character_coverage, cfg.seed, symbols
+        )
+        del sample
     tok.save(run / "spm.model")
     workers = min(os.cpu_count() or 1, 8) if cfg.data.num_workers is None else cfg.data.num_workers
     log.info(f"encoding with {workers or 'no'} worker processes")

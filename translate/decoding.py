@@ -25,6 +25,7 @@ from translate.config import DecodeConfig, SearchOptions, at_least
 from translate.errors import UserError
 from translate.hardware import is_out_of_memory
 from translate.model import Transformer
+from translate.protect import Protector
 from translate.search import Hypothesis, beam_search
 from translate.textio import Translation
 from translate.tokenizer import EOS, PAD, Tokenizer
@@ -42,6 +43,7 @@ def translate_lines(
     chunk_lines: int = 2000,
     workers: int = 0,
     on_progress: Callable[[int], object] | None = None,
+    protect: Sequence[str] = (),
 ) -> Iterator[Translation]:
     """Translate `lines` (an ensemble when several models are given): an iterator that yields, per
     input line and in input order, its `search.nbest` (text, score) pairs, best first (score: log-prob /
@@ -51,6 +53,7 @@ def translate_lines(
     `workers` batches decode at once (0: `decode_workers` chooses), each with an equal share of
     batch_tokens and of torch's threads. The models must already be on `device` (default: the
     first model's). `on_progress(n)` is called as each batch of n lines is done (blank lines too).
+    Spans of the `protect` classes are copied verbatim (translate/protect.py).
     """
     models = [models] if isinstance(models, torch.nn.Module) else list(models)
     search.check()
@@ -60,8 +63,9 @@ def translate_lines(
     device = torch.device(device) if device is not None else next(models[0].parameters()).device
     workers = workers or decode_workers(device)
     max_pieces = min(m.cfg.max_positions for m in models) - 1  # + EOS = the model's capacity
-    chunks = (arrived_chunks if stream else fixed_chunks)(lines, chunk_lines)
-    return (
+    protector = Protector(protect, tokenizer)
+    chunks = (arrived_chunks if stream else fixed_chunks)(protector.mask_lines(lines), chunk_lines)
+    return protector.restore(
         translation
         for chunk in chunks
         for translation in translate_sources(

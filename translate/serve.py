@@ -65,9 +65,11 @@ class Batcher:
     a round that share search options in one `translate_lines` call."""
 
     def __init__(
-        self, models, tokenizer, batch_tokens: int, *, workers: int, window: float, max_queue: int, max_batch: int
-    ) -> None:
+        self, models, tokenizer, batch_tokens: int, *, workers: int, window: float, max_queue: int, max_batch: int,
+        protect: Sequence[str] = (),
+    ) -> None:  # fmt: skip
         self.models, self.tokenizer, self.batch_tokens, self.workers = models, tokenizer, batch_tokens, workers
+        self.protect = protect  # span classes copied verbatim (the checkpoint's decode.protect)
         self.window, self.max_queue, self.max_batch = window, max_queue, max_batch
         self.jobs: deque[Job] = deque()
         self.queued = 0  # sentences waiting in self.jobs
@@ -131,8 +133,14 @@ class Batcher:
         try:
             translations = list(
                 translate_lines(
-                    self.models, self.tokenizer, texts, search, batch_tokens=self.batch_tokens, workers=self.workers
-                )
+                    self.models,
+                    self.tokenizer,
+                    texts,
+                    search,
+                    batch_tokens=self.batch_tokens,
+                    workers=self.workers,
+                    protect=self.protect,
+                )  # fmt: skip
             )
         except Exception as e:  # the requests get a 500 with the reason; the server goes on
             log.error(f"decoding {len(texts)} sentences failed: {type(e).__name__}: {e}")
@@ -332,7 +340,7 @@ def serve(
     models, tokenizer, cfg = load_models(checkpoints, dev, dtype=dtype, quantize=quantize)
     defaults, batch_tokens = decode_options(cfg, beam, length_penalty, batch_tokens)
     batcher = Batcher(
-        models, tokenizer, batch_tokens, workers=workers, window=batch_window_ms / 1000, max_queue=max_queue,
+        models, tokenizer, batch_tokens, workers=workers, protect=cfg.decode.protect, window=batch_window_ms / 1000, max_queue=max_queue,
         max_batch=max_batch,
     )  # fmt: skip
     info = {

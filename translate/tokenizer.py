@@ -47,8 +47,10 @@ class Tokenizer:
         model_type: str = "unigram",
         character_coverage: float = 1.0,
         seed: int = 1,
+        user_symbols: Iterable[str] = (),
     ) -> Tokenizer:
-        """Train on the given sentences (a sample of both sides of the train split)."""
+        """Train on the given sentences (a sample of both sides of the train split); each of
+        `user_symbols` becomes one piece (the placeholders of translate/protect.py)."""
         model = io.BytesIO()
         spm.set_random_generator_seed(seed)
         try:
@@ -65,6 +67,7 @@ class Tokenizer:
                 input_sentence_size=0,  # the caller already sampled
                 max_sentence_length=16384,
                 hard_vocab_limit=True,
+                user_defined_symbols=list(user_symbols),
                 minloglevel=2,
             )
         except RuntimeError as e:

@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
+from translate.adapt import adapted_config, init_record, load_init
 from translate.batching import token_batches
 from translate.checkpoint import (
     CHECKPOINT_FORMAT,
@@ -148,6 +149,9 @@ class StopRequest:
 
 class Trainer:
     def __init__(self, cfg: Config, resume: bool) -> None:
+        init = load_init(cfg) if cfg.train.init_from else None  # refused before anything is written
+        cfg = adapted_config(cfg, init) if init else cfg
+        self.init_from = init_record(cfg, init) if init else None
         self.cfg = cfg
         self.run = cfg.run_path
         self.ckpt_dir = self.run / "checkpoints"
@@ -197,6 +201,10 @@ class Trainer:
             self._restore(resumed or load_checkpoint(last))
         elif resume and self.main:
             log.info(f"--resume: {last} does not exist yet, starting from step 0")
+        if init and not (resume and last.is_file()):
+            self.model.load_state_dict(init["model"])
+            log.info(f"weights and vocabulary from {cfg.train.init_from} (step {init.get('step')}); fresh optimizer")
+        del init
 
         self.net: torch.nn.Module = self.model
         if self.distributed:
@@ -279,6 +287,7 @@ class Trainer:
         self.scheduler.load_state_dict(ckpt["scheduler"])
         self.scaler.load_state_dict(ckpt["scaler"])
         self.progress = Progress(**ckpt["progress"])
+        self.init_from = ckpt.get("init_from", self.init_from)
         set_rng_state(ckpt["rng"][min(self.rank, len(ckpt["rng"]) - 1)])
         if self.main:
             log.info(f"resumed from {self.ckpt_dir / 'last.pt'} at step {self.progress.step}")
@@ -378,6 +387,7 @@ class Trainer:
             d.search_options(beam_size=self.cfg.train.eval_beam_size),
             batch_tokens=d.batch_tokens,
             device=self.device,
+            protect=d.protect,
             workers=1,  # one batch at a time on every thread, as the published runs were validated
         )
         return [nbest[0][0] for nbest in out]
@@ -440,6 +450,7 @@ class Trainer:
             "epoch": self.progress.epoch,
             "metrics": metrics or {},
             "hardware": self.hardware(),
+            "init_from": self.init_from,
         }
         path = self.ckpt_dir / f"step_{step:07d}.pt"
         try:

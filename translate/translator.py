@@ -67,7 +67,7 @@ def decode_file(
     with progress_bar(lambda: count_lines(input)) if str(input) != "-" else nullcontext() as update:
         translations = translate_lines(
             models, tokenizer, lines, search, batch_tokens=batch_tokens, stream=str(input) == "-", workers=workers,
-            on_progress=update,
+            on_progress=update, protect=cfg.decode.protect,
         )  # fmt: skip
         return write_translations(translations, output, nbest_format="tsv" if with_scores else "text")
 
@@ -109,8 +109,9 @@ def translate_file_lines(
     search, batch_tokens = decode_options(cfg, beam, length_penalty, batch_tokens)
     with progress_bar(lambda: len(sources)) as update:
         translations = translate_lines(
-            models, tokenizer, sources, search, batch_tokens=batch_tokens, workers=workers, on_progress=update
-        )
+            models, tokenizer, sources, search, batch_tokens=batch_tokens, workers=workers, on_progress=update,
+            protect=cfg.decode.protect,
+        )  # fmt: skip
         hypotheses = [nbest[0][0] for nbest in translations]
     if output is not None:
         write_translations([[(h, 0.0)] for h in hypotheses], output)

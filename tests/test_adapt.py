@@ -1,0 +1,68 @@
+"""train --init-from: a new run from a checkpoint's weights and vocabulary, with a fresh optimizer."""
+
+import torch
+import yaml
+from conftest import run_cli, tiny_config
+
+from translate.checkpoint import load_checkpoint, load_model
+from translate.config import load_config
+from translate.data import collate, load_split
+from translate.train import Trainer
+
+
+def test_init_from_starts_from_the_checkpoints_weights_and_vocabulary(trained_run, tmp_path):
+    run, _ = trained_run
+    source = run / "checkpoints" / "last.pt"
+    config = tiny_config(tmp_path, name="adapted")
+    cfg = load_config(config, [f"train.init_from={source}", "vocab.size=200"])  # vocab.size is ignored
+    trainer = Trainer(cfg, resume=False)
+    try:
+        ckpt = load_checkpoint(source)
+        assert trainer.tokenizer.model_bytes == ckpt["spm_model"]
+        assert (trainer.run / "spm.model").read_bytes() == ckpt["spm_model"]
+        assert trainer.cfg.vocab.size == ckpt["config"]["vocab"]["size"]
+        assert trainer.progress.step == 0 and not trainer.optimizer.state
+        assert trainer.init_from == {"path": str(source.resolve()), "step": ckpt["step"]}
+        reference, _, _ = load_model(source)
+        batch = collate(load_split(trainer.run / "data", "train"), list(range(8)))
+        trainer.model.eval()
+        with torch.no_grad():
+            assert torch.equal(trainer.model(batch.src, batch.tgt_in), reference(batch.src, batch.tgt_in))
+    finally:
+        trainer._close()
+
+
+def test_init_from_on_the_command_line_is_recorded_and_shown(trained_run, tmp_path):
+    run, _ = trained_run
+    source = run / "checkpoints" / "last.pt"
+    config = tiny_config(tmp_path, name="adapted", max_steps=2, eval_every=2, save_every=2)
+    run_cli("train", "--config", config, "--init-from", source)
+    last = tmp_path / "runs" / "adapted" / "checkpoints" / "last.pt"
+    ckpt = load_checkpoint(last)
+    assert ckpt["step"] == 2 and ckpt["init_from"]["path"] == str(source.resolve())
+    saved = yaml.safe_load((tmp_path / "runs" / "adapted" / "config.yaml").read_text())
+    assert saved["train"]["init_from"] == str(source)
+    info = run_cli("info", last).stdout
+    assert f"initialised from: {source.resolve()} (step {load_checkpoint(source)['step']})" in info
+
+
+def test_init_from_refusals(trained_run, tmp_path):
+    run, _ = trained_run
+    source = run / "checkpoints" / "last.pt"
+    config = tiny_config(tmp_path, name="other", model={"d_model": 64, "encoder_layers": 2})
+    result = run_cli("train", "--config", config, "--init-from", source, check=False)
+    assert result.returncode == 2
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: cannot initialise from {source}: the model settings differ")
+    assert "model.d_model (64 here, 32 there)" in line and "model.encoder_layers (2 here, 1 there)" in line
+    assert not (tmp_path / "runs" / "other" / "checkpoints").exists()
+
+    result = run_cli("train", "--config", tiny_config(tmp_path, name="x"), "--init-from", config, check=False)
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip().splitlines()[-1] == f"error: {config}: not a checkpoint (not a file written by PyTorch)"
+    )
+    result = run_cli(
+        "train", "--config", tiny_config(tmp_path, name="y"), "--init-from", tmp_path / "no.pt", check=False
+    )
+    assert result.stderr.strip().splitlines()[-1] == f"error: checkpoint not found: {tmp_path / 'no.pt'}"

@@ -1,0 +1,218 @@
+"""Protected spans: the span finder, masking, repair, training augmentation, and decoding with protection."""
+
+import random
+from collections import Counter
+
+import pytest
+import yaml
+from conftest import FIXTURES, run_cli, tiny_config
+
+from translate.protect import (
+    CLASSES,
+    MAX_PLACEHOLDERS,
+    PLACEHOLDER,
+    Protector,
+    augment_pair,
+    augment_pairs,
+    find_spans,
+    has_placeholders,
+    mask,
+    placeholder,
+    placeholder_symbols,
+    repair,
+    unmask,
+)
+from translate.tokenizer import Tokenizer
+
+CASES = [  # text, the protected spans (texts, left to right)
+    ("Unable to open '%s'.", ["%s"]),
+    ("%d of %i, %5.2f, %-3s, %x and %@", ["%d", "%i", "%5.2f", "%-3s", "%x", "%@"]),
+    ("Error %1$s in %2$d", ["%1$s", "%2$d"]),
+    ("Hello %(name)s, %(count)05d left", ["%(name)s", "%(count)05d"]),
+    ("100%% sure, 50%% off", ["100", "50"]),  # %% is an escape, not a placeholder
+    ("%%s is literal", []),
+    ("50% of it and/or more", ["50"]),
+    (
+        "{count} files, {0} and {} and {name!r:>10} {user.name} {0:.2f}",
+        ["{count}", "{0}", "{}", "{name!r:>10}", "{user.name}", "{0:.2f}"],
+    ),
+    ("{{literal}} but {real}", ["{real}"]),  # {{ }} are escapes
+    ("{{{{x}}}}", []),
+    ("{count, number} likes", ["{count, number}"]),
+    ("Click <b>Save</b> now<br/><br />", ["<b>", "</b>", "<br/>", "<br />"]),
+    ("<a href=\"https://x.org/a?b=1\" class='c'>here</a>", ["<a href=\"https://x.org/a?b=1\" class='c'>", "</a>"]),
+    ('<img src="logo.png" alt="Logo"/>', ['<img src="logo.png" alt="Logo"/>']),
+    ("a < b and c > d", []),
+    ("See https://example.com/path.", ["https://example.com/path"]),
+    ("(https://example.com/a_(b)), or www.example.org/x!", ["https://example.com/a_(b", "www.example.org/x"]),
+    (
+        "Is it http://localhost:8080/status? Yes: ftp://f.example.com/pub;",
+        ["http://localhost:8080/status", "ftp://f.example.com/pub"],
+    ),
+    (
+        "Mail me@example.com, or first.last+tag@mail.example.co.uk.",
+        ["me@example.com", "first.last+tag@mail.example.co.uk"],
+    ),
+    (
+        "Saved to /home/user/report.pdf. Then ~/notes.txt and ./run.sh",
+        ["/home/user/report.pdf", "~/notes.txt", "./run.sh"],
+    ),
+    (r"Open C:\Users\me\file.txt. Or \\server\share\data.csv", [r"C:\Users\me\file.txt", r"\\server\share\data.csv"]),
+    ("Pay 1,299.99 for 3 items, v1.2.3 and 2.", ["1,299.99", "3", "2"]),
+    ("Version 1.2.3 is out", ["1.2.3"]),
+    ("<b>{name}</b>%s%d", ["<b>", "{name}", "</b>", "%s", "%d"]),  # adjacent spans
+    ("<i>%s</i>", ["<i>", "%s", "</i>"]),
+    ('<a href="http://x.org/3">3</a>', ['<a href="http://x.org/3">', "3", "</a>"]),  # nested: the tag holds the URL
+    ("http://x.org/a/b/c", ["http://x.org/a/b/c"]),  # not a path inside the URL
+    ("plain prose with nothing to keep", []),
+]
+
+
+@pytest.mark.parametrize("text, spans", CASES)
+def test_span_finder(text, spans):
+    assert [s.text for s in find_spans(text)] == spans
+
+
+def test_spans_do_not_overlap_and_point_into_the_text():
+    for text, _ in CASES:
+        spans = find_spans(text)
+        assert all(text[s.start : s.end] == s.text for s in spans)
+        assert all(a.end <= b.start for a, b in zip(spans, spans[1:]))
+
+
+def test_classes_can_be_switched_off():
+    text = "Open %s at https://x.org in 5 s"
+    assert [s.text for s in find_spans(text, ["url"])] == ["https://x.org"]
+    assert [s.kind for s in find_spans(text)] == ["printf", "url", "number"]
+    assert find_spans(text, []) == []
+
+
+def software_strings():
+    return (FIXTURES / "software_strings.en").read_text(encoding="utf-8").splitlines()
+
+
+@pytest.mark.parametrize("classes", [CLASSES, ["tag"], ["number", "url"], []])
+def test_mask_then_unmask_is_the_identity(classes):
+    for text in [t for t, _ in CASES] + software_strings():
+        masked, spans = mask(text, classes)
+        assert len(PLACEHOLDER.findall(masked)) == len(spans)
+        assert unmask(masked, spans) == text
+
+
+def test_unmask_follows_the_order_the_model_chose():
+    masked, spans = mask("Copy %s to %d")
+    assert masked == "Copy ⦅0⦆ to ⦅1⦆"
+    assert unmask("Copier ⦅1⦆ vers ⦅0⦆", spans) == "Copier %d vers %s"
+
+
+def test_at_most_max_placeholders_are_masked():
+    text = " ".join(str(i) for i in range(MAX_PLACEHOLDERS + 5))
+    masked, spans = mask(text)
+    assert len(spans) == MAX_PLACEHOLDERS and masked.endswith(
+        " ".join(str(i) for i in range(MAX_PLACEHOLDERS, MAX_PLACEHOLDERS + 5))
+    )
+    assert unmask(masked, spans) == text
+
+
+@pytest.mark.parametrize(
+    "output, n, expected, changed",
+    [
+        ("a ⦅0⦆ b ⦅1⦆.", 2, "a ⦅0⦆ b ⦅1⦆.", False),
+        ("a ⦅1⦆ b ⦅0⦆ ⦅1⦆.", 2, "a ⦅1⦆ b ⦅0⦆.", True),  # duplicate dropped
+        ("a ⦅0⦆ b.", 2, "a ⦅0⦆ b ⦅1⦆.", True),  # missing one added before the final punctuation
+        ("a ⦅7⦆ b", 1, "a b ⦅0⦆", True),  # a placeholder of no span dropped
+        ("", 1, "⦅0⦆", True),
+    ],
+)
+def test_repair(output, n, expected, changed):
+    assert repair(output, n) == (expected, changed)
+
+
+def test_repair_leaves_each_placeholder_exactly_once():
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(0, 5)
+        output = " ".join(
+            rng.choice(["le", "chat", ".", placeholder(rng.randint(0, 7))]) for _ in range(rng.randint(0, 8))
+        )
+        fixed, _ = repair(output, n)
+        assert sorted(int(i) for i in PLACEHOLDER.findall(fixed)) == list(range(n))
+
+
+def test_augmentation_uses_the_same_placeholders_on_both_sides():
+    rng = random.Random(1)
+    pairs = [
+        ("David went to 3 cities.", "David alla dans 3 villes."),
+        ("In the beginning God created the heaven.", "Au commencement, Dieu créa les cieux."),
+        ("Open %s now", "Ouvrez %s maintenant"),
+    ]
+    for src, tgt in pairs * 20:
+        a, b = augment_pair(src, tgt, CLASSES, rng)
+        assert sorted(PLACEHOLDER.findall(a)) == sorted(PLACEHOLDER.findall(b)) != []
+        assert len(set(PLACEHOLDER.findall(a))) == len(PLACEHOLDER.findall(a))
+    out = list(augment_pairs(pairs * 100, CLASSES, 0.25, seed=1))
+    share = sum(PLACEHOLDER.search(s) is not None for s, _ in out) / len(out)
+    assert 0.15 < share < 0.35
+    assert out == list(augment_pairs(pairs * 100, CLASSES, 0.25, seed=1))  # reproducible
+    assert list(augment_pairs(pairs, CLASSES, 0.0, seed=1)) == pairs
+
+
+def test_placeholders_are_single_pieces_of_the_vocabulary():
+    sentences = [s for pair in zip(software_strings(), software_strings()) for s in pair] * 5
+    tok = Tokenizer.train(sentences, 200, user_symbols=placeholder_symbols())
+    assert has_placeholders(tok)
+    for i in range(MAX_PLACEHOLDERS):
+        assert tok.pieces(f"a{placeholder(i)}b")[-2:-1] == [placeholder(i)] or placeholder(i) in tok.pieces(
+            f"a{placeholder(i)}b"
+        )
+    assert tok.decode(tok.encode(["Copy ⦅3⦆ to ⦅12⦆."])) == ["Copy ⦅3⦆ to ⦅12⦆."]
+    assert not has_placeholders(Tokenizer.train(sentences, 200))
+
+
+class _Tok:
+    def __init__(self, ok: bool) -> None:
+        self.tok = Tokenizer.train(software_strings() * 3, 150, user_symbols=placeholder_symbols() if ok else ())
+        self.sp = self.tok.sp
+
+
+def test_protector_restores_every_span_exactly_once_even_when_the_model_does_not():
+    lines = ["Copy %s to %d.", "Visit https://x.org now", "no spans"]
+    model_outputs = {  # what a bad model makes of the masked lines
+        "Copy ⦅0⦆ to ⦅1⦆.": [("Copier ⦅1⦆ ⦅1⦆ vers", -1.0)],
+        "Visit ⦅0⦆ now": [("Visitez maintenant.", -1.0)],
+        "no spans": [("pas ⦅4⦆ de", -1.0)],
+    }
+    protector = Protector(CLASSES, _Tok(True))
+    out = list(protector.restore(model_outputs[m] for m in list(protector.mask_lines(lines))))
+    assert [n[0][0] for n in out] == ["Copier %d vers %s", "Visitez maintenant https://x.org.", "pas de"]
+    assert protector.repaired == 3 and protector.lines == 3
+
+
+def test_protector_is_off_for_a_vocabulary_without_placeholders():
+    protector = Protector(CLASSES, _Tok(False))
+    assert not protector.enabled
+    assert list(protector.mask_lines(["Copy %s"])) == ["Copy %s"]
+
+
+def test_unknown_span_class_is_refused(tmp_path):
+    config = tiny_config(tmp_path)
+    result = run_cli("prepare", "--config", config, "--set", "data.protect=[url, html]", check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: data.protect: unknown span class 'html'")
+
+
+def test_decoding_with_protection_outputs_each_span_exactly_once(trained_run, tmp_path):
+    """The tiny run trains with placeholder augmentation (the default); whatever its 8 steps taught
+    it, every protected span of every line comes out byte-identical, once per occurrence."""
+    run, _ = trained_run
+    assert yaml.safe_load((run / "config.yaml").read_text())["data"]["protect_share"] > 0
+    lines = software_strings()
+    src = tmp_path / "in.en"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = run_cli("decode", run / "checkpoints" / "last.pt", "--input", src, "--beam", "2")
+    outputs = result.stdout.splitlines()
+    assert len(outputs) == len(lines)
+    for line, out in zip(lines, outputs):
+        for span, n in Counter(s.text for s in find_spans(line)).items():
+            assert out.count(span) >= n, (line, out, span)
+        assert "⦅" not in out

@@ -1,0 +1,65 @@
+"""Start a new run from a trained checkpoint (domain adaptation): `train.init_from` / `--init-from`.
+
+The new run takes the checkpoint's weights and its SentencePiece vocabulary (the new data is
+encoded with it; no vocabulary is trained), and starts a fresh optimizer, learning-rate
+schedule and progress (step 0). The model settings that shape the weights must be those of
+the checkpoint (dropout may differ). Every checkpoint of the new run records where it started
+(`init_from`: path and step), which `translate info` shows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from translate.checkpoint import load_checkpoint
+from translate.config import Config, VocabConfig, config_to_dict
+from translate.errors import UserError
+
+FREE_MODEL_KEYS = ("dropout", "attention_dropout")  # may differ from the checkpoint's
+
+
+def load_init(cfg: Config) -> dict[str, Any]:
+    """The checkpoint of train.init_from, once its model settings are found to be the config's."""
+    path = Path(cfg.train.init_from).expanduser()
+    ckpt = load_checkpoint(path)
+    here, there = config_to_dict(cfg)["model"], ckpt["config"]["model"]
+    differ = [k for k in here if k not in FREE_MODEL_KEYS and here[k] != there.get(k)]
+    if differ:
+        keys = ", ".join(f"model.{k} ({here[k]!r} here, {there.get(k)!r} there)" for k in differ)
+        raise UserError(f"cannot initialise from {path}: the model settings differ from the checkpoint's: {keys}")
+    return ckpt
+
+
+def adapted_config(cfg: Config, ckpt: dict[str, Any]) -> Config:
+    """The config with the checkpoint's vocab section: the vocabulary this run really uses."""
+    vocab = VocabConfig(**{f.name: ckpt["config"]["vocab"][f.name] for f in dataclasses.fields(VocabConfig)})
+    return dataclasses.replace(cfg, vocab=vocab)
+
+
+def init_record(cfg: Config, ckpt: dict[str, Any]) -> dict[str, Any]:
+    return {"path": str(Path(cfg.train.init_from).expanduser().resolve()), "step": ckpt.get("step")}
+
+
+@functools.lru_cache(maxsize=4)
+def _vocabulary(path: str, size: int, mtime_ns: int) -> bytes:
+    return load_checkpoint(path)["spm_model"]
+
+
+def init_vocabulary(cfg: Config) -> bytes | None:
+    """The SentencePiece model bytes of train.init_from's checkpoint, or None without init_from."""
+    if not cfg.train.init_from:
+        return None
+    path = Path(cfg.train.init_from).expanduser()
+    if not path.is_file():
+        load_checkpoint(path)  # the one-line error for a missing path or a directory
+    stat = path.stat()
+    return _vocabulary(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+def vocabulary_hash(cfg: Config) -> str | None:
+    model = init_vocabulary(cfg)
+    return hashlib.sha256(model).hexdigest()[:16] if model is not None else None

@@ -1,0 +1,253 @@
+"""Protected spans: text that must come out of translation byte for byte (placeholders, markup,
+URLs, numbers ...).
+
+Before encoding, `mask` replaces each protected span by a placeholder piece `⦅0⦆`, `⦅1⦆` ...
+(U+2985/U+2986, unchanged by SentencePiece's NFKC normalisation; they are user-defined
+symbols of the vocabulary, so each is one piece). After decoding, `unmask` puts the original
+spans back where the model put their placeholders. `repair` first makes sure every placeholder
+of the source appears exactly once in the output: duplicates are dropped, missing ones are
+inserted at the end (before the final punctuation).
+
+The classes of spans (config `data.protect` for training, `decode.protect` for decoding):
+
+    printf   %s  %d  %5.2f  %1$s  %(name)s  %@          (not the escape %%)
+    format   {}  {0}  {count}  {name!r:>10}  {0:.2f}  {count, number}   (not the escapes {{ }})
+    tag      <b>  </b>  <br/>  <a href="...">  <img src='x' />
+    url      https://example.com/a?b=c  ftp://...  www.example.org  (trailing .,;:!?)]} left out)
+    email    someone@example.com
+    path     /usr/local/bin  ~/notes.txt  ./run.sh  C:\\Users\\me\\file.txt  \\\\server\\share
+    number   42  3.14  1,000,000  2.5  1.2.3
+
+Where spans overlap, the one starting first wins, then the longest (a URL inside a tag
+attribute is part of the tag; a number inside a URL part of the URL).
+
+Training (`augment_pairs`): a share `data.protect_share` of the train pairs gets placeholders:
+spans of the classes above, and capitalised names, that occur verbatim and once on both sides
+are replaced by the same placeholder on both sides; pairs without any get a synthetic one
+inserted at the same relative word position on both sides. Placeholder numbers are drawn at
+random, so every one of them is trained.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+log = logging.getLogger("translate")
+
+CLASSES = ("printf", "format", "tag", "url", "email", "path", "number")
+MAX_PLACEHOLDERS = 20  # spans beyond these in one line are left as they are
+OPEN, CLOSE = "\u2985", "\u2986"
+PLACEHOLDER = re.compile(f"{OPEN}(\\d+){CLOSE}")
+
+_END = r"[^\s<>\"'.,;:!?)\]}]"  # the last character of a URL: no trailing punctuation
+PATTERNS: dict[str, str] = {
+    "printf": r"%\([A-Za-z_]\w*\)[-+0#]*\d*(?:\.\d+)?[diouxXeEfFgGcrsa]"
+    r"|%(?:\d+\$)?[-+0#']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|t)?[diouxXeEfFgGaAcspn@]",
+    "format": r"\{(?:[A-Za-z_]\w*(?:\.\w+|\[\w+\])*|\d*)(?:![rsa])?(?::[^{}]*)?(?:,\s*\w+(?:,[^{}]*)?)?\}",
+    "tag": r"</?[A-Za-z][\w:.-]*(?:\s+[\w:.-]+(?:\s*=\s*(?:\"[^\"]*\"|'[^']*'|[^\s\"'=<>`]+))?)*\s*/?>",
+    "url": rf"\b(?:https?|ftp|file)://[^\s<>\"']*{_END}|\bwww\.[^\s<>\"']*{_END}",
+    "email": r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b",
+    "path": r"(?<![\w/:.\\])(?:~|\.\.?)?(?:/[\w.-]*[\w-])+/?"
+    r"|\b[A-Za-z]:\\(?:[\w.-]*[\w-]\\?)*|\\\\[\w.-]+(?:\\[\w.-]*[\w-])+",
+    "number": r"(?<![\w.,])\d+(?:[.,]\d+)*(?![\w])",
+}
+_ESCAPES = {"printf": r"%%", "format": r"\{\{|\}\}"}  # consumed, never protected
+_COMPILED = {name: re.compile(p) for name, p in PATTERNS.items()}
+_ESCAPES_COMPILED = {name: re.compile(p) for name, p in _ESCAPES.items()}
+_NAME = re.compile(r"\b[A-Z][\w'-]{2,}\b")
+
+
+@dataclass(frozen=True)
+class Span:
+    start: int
+    end: int
+    text: str
+    kind: str  # a class of CLASSES
+
+
+def placeholder(i: int) -> str:
+    return f"{OPEN}{i}{CLOSE}"
+
+
+def placeholder_symbols() -> list[str]:
+    """The user-defined SentencePiece symbols: one piece per placeholder."""
+    return [placeholder(i) for i in range(MAX_PLACEHOLDERS)]
+
+
+def check_classes(classes: Sequence[str], key: str) -> str | None:
+    """Why `classes` is not a list of known span classes, or None."""
+    unknown = [c for c in classes if c not in CLASSES]
+    if unknown:
+        return f"{key}: unknown span class {unknown[0]!r}; known: {', '.join(CLASSES)}"
+    return None
+
+
+def find_spans(text: str, classes: Sequence[str] = CLASSES) -> list[Span]:
+    """The protected spans of `text`, left to right, not overlapping (leftmost, then longest wins)."""
+    found = [
+        (m.start(), -m.end(), kind)
+        for kind in classes
+        for regex in (_COMPILED[kind], _ESCAPES_COMPILED.get(kind))
+        if regex is not None
+        for m in regex.finditer(text)
+        if m.end() > m.start()
+    ]
+    escapes = {
+        (m.start(), m.end()) for k in classes if k in _ESCAPES_COMPILED for m in _ESCAPES_COMPILED[k].finditer(text)
+    }
+    spans, taken = [], 0
+    for start, neg_end, kind in sorted(found):
+        end = -neg_end
+        if start < taken:
+            continue
+        taken = end
+        if (start, end) not in escapes:
+            spans.append(Span(start, end, text[start:end], kind))
+    return spans
+
+
+def mask(text: str, classes: Sequence[str] = CLASSES) -> tuple[str, list[str]]:
+    """Replace the protected spans by ⦅0⦆, ⦅1⦆ ... (left to right); return the text and the spans'
+    original texts, span i belonging to ⦅i⦆. At most MAX_PLACEHOLDERS spans are replaced."""
+    spans = find_spans(text, classes)[:MAX_PLACEHOLDERS]
+    parts, last = [], 0
+    for i, span in enumerate(spans):
+        parts += [text[last : span.start], placeholder(i)]
+        last = span.end
+    parts.append(text[last:])
+    return "".join(parts), [s.text for s in spans]
+
+
+def unmask(output: str, spans: Sequence[str]) -> str:
+    """Put each span back in place of its placeholder, wherever the model put it. Placeholders of
+    no span (a number the source did not have) are removed."""
+    return PLACEHOLDER.sub(lambda m: spans[int(m.group(1))] if int(m.group(1)) < len(spans) else "", output)
+
+
+def repair(output: str, n_spans: int) -> tuple[str, bool]:
+    """Make each of ⦅0⦆..⦅n-1⦆ appear exactly once in `output`: keep the first of duplicates, drop
+    placeholders of no span, add the missing ones at the end (before the final punctuation).
+    Returns the repaired output and whether anything had to change."""
+    seen: set[int] = set()
+
+    def keep(m: re.Match) -> str:
+        i = int(m.group(2))
+        if i >= n_spans or i in seen:
+            return "" if m.group(1) or m.end() == len(output) else m.group(1)
+        seen.add(i)
+        return m.group(0)
+
+    text = re.sub(f"( ?){PLACEHOLDER.pattern}", keep, output)
+    missing = [placeholder(i) for i in range(n_spans) if i not in seen]
+    if missing:
+        body, end = re.match(r"(.*?)([\s.!?:;…]*)$", text, re.S).groups()
+        text = " ".join([body, *missing]).strip() + end
+    return text, text != output
+
+
+# ---------------------------------------------------------------------------- decoding
+
+
+def has_placeholders(tokenizer) -> bool:
+    """Whether the vocabulary holds every placeholder as one piece (it was trained with data.protect)."""
+    return all(tokenizer.sp.piece_to_id(s) != tokenizer.sp.unk_id() for s in placeholder_symbols())
+
+
+class Protector:
+    """Masks the lines going into translation and restores the translations coming out, in order
+    (a FIFO of the lines' spans: translations come back in input order)."""
+
+    warned = False  # about a vocabulary without placeholders, once per process
+
+    def __init__(self, classes: Sequence[str], tokenizer) -> None:
+        self.classes = list(classes)
+        self.enabled = bool(self.classes) and has_placeholders(tokenizer)
+        if self.classes and not self.enabled and not Protector.warned:
+            Protector.warned = True
+            log.warning("this vocabulary has no placeholder pieces (data.protect_share was 0): spans not protected")
+        self.pending: deque[list[str]] = deque()
+        self.lines = self.repaired = 0
+
+    def mask_lines(self, lines: Iterable[str]) -> Iterator[str]:
+        if not self.enabled:
+            yield from lines
+            return
+        for line in lines:
+            masked, spans = mask(line, self.classes)
+            self.pending.append(spans)
+            yield masked
+
+    def restore(self, translations: Iterable[list[tuple[str, float]]]) -> Iterator[list[tuple[str, float]]]:
+        if not self.enabled:
+            yield from translations
+            return
+        for nbest in translations:
+            spans = self.pending.popleft()
+            self.lines += 1
+            out = []
+            for k, (text, score) in enumerate(nbest):
+                fixed, changed = repair(text, len(spans))
+                self.repaired += changed and k == 0
+                out.append((unmask(fixed, spans), score))
+            yield out
+        if self.repaired:
+            log.warning(
+                f"{self.repaired} of {self.lines} lines: the model did not place every protected span exactly once; "
+                "the missing ones were added at the end of the line, duplicates dropped"
+            )
+
+
+# ---------------------------------------------------------------------------- training
+
+
+def _shared(src: str, tgt: str, classes: Sequence[str]) -> list[str]:
+    """Texts of spans (and capitalised names) found exactly once on each side."""
+    texts = [s.text for s in find_spans(src, classes)] + _NAME.findall(src)
+    out = []
+    for t in dict.fromkeys(texts):
+        edge = rf"(?<!\w){re.escape(t)}(?!\w)"
+        if len(re.findall(edge, src)) == 1 and len(re.findall(edge, tgt)) == 1:
+            out.append(t)
+    return out
+
+
+def _replace(text: str, spans: dict[str, str]) -> str:
+    for old, new in spans.items():
+        text = re.sub(rf"(?<!\w){re.escape(old)}(?!\w)", lambda _, new=new: new, text, count=1)
+    return text
+
+
+def _insert(text: str, where: float, symbol: str) -> str:
+    words = text.split(" ")
+    k = round(where * len(words))
+    return " ".join(words[:k] + [symbol] + words[k:])
+
+
+def augment_pair(src: str, tgt: str, classes: Sequence[str], rng: random.Random) -> tuple[str, str]:
+    """One pair with placeholders: shared spans replaced on both sides, or one synthetic inserted."""
+    shared = _shared(src, tgt, classes)
+    ids = rng.sample(range(MAX_PLACEHOLDERS), MAX_PLACEHOLDERS)
+    if shared:
+        chosen = rng.sample(shared, rng.randint(1, min(len(shared), 3)))
+        names = {t: placeholder(i) for t, i in zip(sorted(chosen, key=len, reverse=True), ids)}
+        src, tgt = _replace(src, names), _replace(tgt, names)
+    if not shared or rng.random() < 0.3:
+        where, symbol = rng.random(), placeholder(ids[-1])
+        src, tgt = _insert(src, where, symbol), _insert(tgt, where, symbol)
+    return src, tgt
+
+
+def augment_pairs(
+    pairs: Iterable[tuple[str, str]], classes: Sequence[str], share: float, seed: int
+) -> Iterator[tuple[str, str]]:
+    """The train pairs, a `share` of them (drawn with `seed`) with placeholders (`augment_pair`)."""
+    rng = random.Random(seed)
+    for src, tgt in pairs:
+        if share > 0 and rng.random() < share:
+            src, tgt = augment_pair(src, tgt, classes, rng)
+        yield src, tgt
