@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -103,3 +104,48 @@ def test_resume_of_a_finished_run_changes_nothing(uninterrupted):
     before = weights(uninterrupted)
     run_cli("train", "--config", uninterrupted / "config.yaml", "--resume")
     assert_bitwise_equal(weights(uninterrupted), before)
+
+
+def workers_of(cfg) -> list[int]:
+    """Pids of the processes whose command line names this config (torchrun's workers)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if proc.name.isdigit() and str(cfg) in cmdline and "torch.distributed.run" not in cmdline:
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the workers through /proc")
+def test_workers_stop_when_torchrun_is_killed_and_the_run_resumes_exactly(tmp_path):
+    """torchrun SIGKILLed mid-run: its 2 workers stop within seconds (with a checkpoint), the run's
+    lock is free, and --resume ends bitwise equal to an uninterrupted 2-process run."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    steps = dict(max_steps=200, save_every=5, eval_every=100, log_every=5, eval_max_sentences=4, max_time="1h")
+    ref_cfg, cfg = (tiny_config(tmp_path, name=name, threads=1, **steps) for name in ("ddp_ref", "ddp"))
+    done = subprocess.run([*torchrun, "-m", "translate", "train", "--config", str(ref_cfg)], capture_output=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = tmp_path / "runs" / "ddp"
+    launcher = subprocess.Popen([*torchrun, "-m", "translate", "train", "--config", str(cfg)], stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while not (run / "checkpoints" / "last.pt").exists():
+        assert launcher.poll() is None and time.time() < deadline, "the run ended before it could be interrupted"
+        time.sleep(0.05)
+    assert len(workers_of(cfg)) == 2
+    launcher.kill()
+    launcher.wait()
+    deadline = time.time() + 30
+    while workers_of(cfg) and time.time() < deadline:
+        time.sleep(0.2)
+    assert workers_of(cfg) == [], "workers outlived their launcher"
+    step = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"]
+    assert step < steps["max_steps"], "the run finished before the kill: nothing was tested"
+    resumed = subprocess.run(
+        [*torchrun, "-m", "translate", "train", "--config", str(cfg), "--resume"], capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert_bitwise_equal(weights(run), weights(tmp_path / "runs" / "ddp_ref"))

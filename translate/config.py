@@ -109,6 +109,7 @@ class TrainConfig:
     average_last: Optional[int] = None  # average the last N checkpoints at the end
     max_bad_steps: int = 10  # stop after this many non-finite updates in a row
     init_from: Optional[str] = None  # a checkpoint whose weights and vocabulary start this run (--init-from)
+    dist_timeout: str = "1h"  # torchrun: the longest wait for rank 0's preparation and for any collective
 
 
 def at_least(value: float, low: float, name: str) -> None:
@@ -353,6 +354,7 @@ def _check(cfg: Config) -> None:
             raise UserError(why)
     if t.max_time is not None:
         parse_duration(t.max_time, "train.max_time")
+    parse_duration(t.dist_timeout, "train.dist_timeout")
     if cfg.data.source == "files" and not cfg.data.train:
         raise UserError("data.source is 'files' but data.train is not set (a path prefix, .tsv or .jsonl)")
     if cfg.data.source == "hub" and not cfg.data.dataset:

@@ -201,6 +201,10 @@ def translate_sources(
     todo = [i for i, ids in enumerate(sources) if ids is not None]
     lengths = [len(sources[i]) for i in todo]  # type: ignore[arg-type]
     batches = [[todo[j] for j in batch] for batch in decode_batches(lengths, batch_tokens // workers, search.beam_size)]
+    while 0 < len(batches) < workers and max(map(len, batches)) > 1:  # too few batches for the workers: halve one
+        big = max(batches, key=len)
+        batches.remove(big)
+        batches += [big[: len(big) // 2], big[len(big) // 2 :]]
 
     def decode(rows: list[int]) -> list[list[Hypothesis]]:
         src = pad_batch([sources[i] for i in rows], device)  # type: ignore[misc]

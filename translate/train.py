@@ -47,6 +47,7 @@ from translate.checkpoint import (
 from translate.config import Config, config_to_dict, parse_duration, save_config
 from translate.data import Batch, collate, is_prepared, load_split, prepare
 from translate.decoding import translate_lines
+from translate.distributed import World, init_process_group, wait_for, watch_launcher
 from translate.errors import UserError
 from translate.evaluate import score, sentence_chrf
 from translate.hardware import choose_amp, cpu_info, is_out_of_memory, resolve_device
@@ -155,11 +156,17 @@ class Trainer:
         self.cfg = cfg
         self.run = cfg.run_path
         self.ckpt_dir = self.run / "checkpoints"
-        self.distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.main = self.rank == 0
+        world = World.from_env()
+        self.distributed, self.rank, self.world, self.local_rank = (
+            world.distributed,
+            world.rank,
+            world.size,
+            world.local_rank,
+        )
+        self.main = world.main
+        if self.distributed:
+            watch_launcher()  # a worker whose torchrun died stops, saves and frees the run's lock
+        dist_timeout = parse_duration(cfg.train.dist_timeout, "train.dist_timeout")
         self.device = resolve_device(cfg.train.device, "train.device", self.local_rank)
         self.amp, self.amp_reason = choose_amp(cfg.train.amp, self.device)
         self.budget = parse_duration(cfg.train.max_time) if cfg.train.max_time is not None else None
@@ -175,13 +182,9 @@ class Trainer:
             prepare(cfg)
         else:
             resumed = None
-            while not is_prepared(cfg):
-                time.sleep(1)
+            wait_for(lambda: is_prepared(cfg), dist_timeout, f"rank 0 to prepare the data in {self.run / 'data'}")
         if self.distributed:
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
-            if self.device.type == "cuda":
-                torch.cuda.set_device(self.device)
-            dist.init_process_group(backend)
+            init_process_group(self.device, dist_timeout)
 
         data_dir = self.run / "data"
         self.tokenizer = Tokenizer.load(self.run / "spm.model")
@@ -546,7 +549,12 @@ class Trainer:
             if self.bad_in_row >= t.max_bad_steps:
                 raise UserError(
                     f"{self.bad_in_row} updates in a row had a non-finite loss or gradient at step {p.step}: "
-                    "lower train.lr, raise train.warmup_steps, or use train.amp: bf16/off"
+                    "lower train.lr or raise train.warmup_steps"
+                    + (
+                        " (or train.amp: off: this run is in fp16, whose range is narrow)"
+                        if self.precision == "fp16"
+                        else ""
+                    )
                 )
         else:
             self.bad_in_row = 0
