@@ -7,23 +7,12 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from translate import data
+from translate import prepare as prepare_module
 from translate.batching import batch_starts, length_order, padding_fraction, shard_batches, token_batches
 from translate.config import load_config
-from translate.data import (
-    NpyWriter,
-    SeenHashes,
-    SplitData,
-    TokenData,
-    TokenWriter,
-    clean_text_pairs,
-    collate,
-    keep_lengths,
-    length_filter,
-    prepare,
-    write_token_data,
-)
+from translate.data import NpyWriter, SplitData, TokenData, TokenWriter, collate, write_token_data
 from translate.errors import UserError
+from translate.prepare import SeenHashes, clean_text_pairs, keep_lengths, length_filter, prepare
 from translate.tokenizer import BOS, EOS, PAD
 
 # ---------------------------------------------------------------------------- cleaning
@@ -38,7 +27,7 @@ def test_cleaning_counts():
 
 
 def test_dedupe_across_chunks_keeps_first_occurrences_in_order(monkeypatch):
-    monkeypatch.setattr(data, "CLEAN_CHUNK", 7)
+    monkeypatch.setattr(prepare_module, "CLEAN_CHUNK", 7)
     rng = np.random.default_rng(0)
     pairs = [(f"s{i}", f"t{i % 5}") for i in rng.integers(0, 40, 300)]  # many repeats, far apart
     counts = {"read": 0, "empty": 0, "duplicate": 0}
@@ -48,7 +37,7 @@ def test_dedupe_across_chunks_keeps_first_occurrences_in_order(monkeypatch):
 
 
 def test_cleaning_limit_reads_no_further_than_needed(monkeypatch):
-    monkeypatch.setattr(data, "CLEAN_CHUNK", 4)
+    monkeypatch.setattr(prepare_module, "CLEAN_CHUNK", 4)
     pairs = [("a", "x"), ("a", "x"), ("", "y"), ("b", "y")] + [(f"s{i}", "t") for i in range(20)]
     source = iter(pairs)
     counts = {"read": 0, "empty": 0, "duplicate": 0}
@@ -209,7 +198,7 @@ def prepared_arrays(run):
 
 
 def test_workers_write_the_same_ids_as_one_process(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "ENCODE_CHUNK", 37)  # many chunks, to check that workers keep their order
+    monkeypatch.setattr(prepare_module, "ENCODE_CHUNK", 37)  # many chunks, to check that workers keep their order
     runs = {}
     for workers in (0, 2):
         cfg = load_config(tiny_config(tmp_path, name=f"w{workers}"), [f"data.num_workers={workers}"])
@@ -242,14 +231,14 @@ def test_prepare_reuses_unchanged_config_and_rebuilds_changed_one(tmp_path, capl
 
 def test_a_worker_that_dies_is_a_clear_error_not_a_hang(tmp_path, monkeypatch):
     cfg = load_config(tiny_config(tmp_path), ["data.num_workers=2"])
-    encode = data.encode_pairs
+    encode = prepare_module.encode_pairs
 
     def dies_after_train(sp, pairs, dtype, limits):
         if limits is None:  # valid or test: encoded after train, without length limits
             os.kill(os.getpid(), signal.SIGKILL)
         return encode(sp, pairs, dtype, limits)
 
-    monkeypatch.setattr(data, "encode_pairs", dies_after_train)
+    monkeypatch.setattr(prepare_module, "encode_pairs", dies_after_train)
     with pytest.raises(UserError, match="encoding worker process died.*data.num_workers=2"):
         prepare(cfg)
     assert not (cfg.run_path / "data" / "meta.json").exists()

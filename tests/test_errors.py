@@ -459,7 +459,7 @@ def test_ctrl_c_during_prepare(cli, files, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("translate.data.Tokenizer.train", interrupted)
+    monkeypatch.setattr("translate.prepare.Tokenizer.train", interrupted)
     code, _, err = cli("prepare", "--config", files.config)
     assert code == 130 and err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
     assert not (files.dir / "runs" / "e2e" / "data" / "meta.json").exists()  # the next prepare starts again
@@ -504,7 +504,7 @@ def test_unwritable_places_are_one_line(cli, files, monkeypatch):
     def denied(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", str(files.dir / "runs" / "x"))
 
-    monkeypatch.setattr("translate.data.prepare", denied)
+    monkeypatch.setattr("translate.prepare.prepare", denied)
     code, _, err = cli("prepare", "--config", files.config)
     assert_one_error(code, err, "runs/x: Permission denied")
 

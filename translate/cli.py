@@ -135,7 +135,7 @@ def prepare(
     ] = False,
 ) -> None:
     """Fetch, clean and split the corpus, train SentencePiece, encode every split to ids."""
-    from translate.data import prepare as run_prepare
+    from translate.prepare import prepare as run_prepare
 
     cfg = _load_cfg(config, set_)
     _log_to_file(cfg.run_path / "prepare.log")

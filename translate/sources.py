@@ -3,7 +3,7 @@
 `open_source(cfg)` returns {"train": ..., "valid": ..., "test": ...}; each value is a re-iterable
 of raw (source, target) string pairs, or None when the source has no such split (the caller then
 holds pairs out of train). Files and hub datasets stream; the Bible corpus (31k verses) is small
-and cleaned in memory. Generic cleaning (whitespace, empty lines, lengths, dedupe) is `data.py`'s.
+and cleaned in memory. Generic cleaning (whitespace, empty lines, lengths, dedupe) is `prepare.py`'s.
 """
 
 from __future__ import annotations

@@ -5,28 +5,27 @@ summed token loss is divided by the number of target tokens of the whole update,
 update does not depend on how the tokens were split across batches or devices. The sampler's
 position (epoch, global batch index) is part of every checkpoint: a resumed run reads
 exactly the batches an uninterrupted run would have read.
+
+The Trainer stays one class of about 500 lines: its methods share one run's state (model,
+optimizer, progress, clocks, TensorBoard writer). What does not need that state lives elsewhere:
+the run directory in rundir.py, the processes of a torchrun in distributed.py, the data in prepare.py and data.py.
 """
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import math
-import os
 import random
 import signal
 import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
-from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
@@ -45,7 +44,7 @@ from translate.checkpoint import (
     versions,
 )
 from translate.config import Config, config_to_dict, parse_duration, save_config
-from translate.data import Batch, collate, is_prepared, load_split, prepare
+from translate.data import Batch, collate, load_split
 from translate.decoding import translate_lines
 from translate.distributed import World, init_process_group, wait_for, watch_launcher
 from translate.errors import UserError
@@ -54,6 +53,8 @@ from translate.hardware import choose_amp, cpu_info, is_out_of_memory, resolve_d
 from translate.loss import label_smoothed_nll_loss
 from translate.model import Transformer, count_parameters
 from translate.plot import attention_figure, attention_maps, figure_to_array, heads_figure, sample_indices
+from translate.prepare import is_prepared, prepare
+from translate.rundir import RunLock, check_run_dir, check_same_setup, link, truncate_events
 from translate.textio import read_all_lines
 from translate.tokenizer import PAD, Tokenizer
 
@@ -113,21 +114,6 @@ class Progress:
     elapsed: float = 0.0  # seconds of training (updates, validation, checkpoints) over every session
 
 
-class RunLock:
-    """An exclusive lock on the run dir, so two trainings cannot write one run at once."""
-
-    def __init__(self, run: Path) -> None:
-        self.file = open(run / ".lock", "w")
-        try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(f"{run} is in use by another training (it holds {run}/.lock)") from None
-
-    def release(self) -> None:
-        fcntl.flock(self.file, fcntl.LOCK_UN)
-        self.file.close()
-
-
 class StopRequest:
     """SIGINT/SIGTERM ask the loop to finish its update, save and exit."""
 
@@ -153,39 +139,50 @@ class Trainer:
         init = load_init(cfg) if cfg.train.init_from else None  # refused before anything is written
         cfg = adapted_config(cfg, init) if init else cfg
         self.init_from = init_record(cfg, init) if init else None
-        self.cfg = cfg
-        self.run = cfg.run_path
+        self.cfg, self.run = cfg, cfg.run_path
         self.ckpt_dir = self.run / "checkpoints"
+        self.clock = {"set-up": 0.0, "updates": 0.0, "validation": 0.0, "checkpoints": 0.0}
+        setup_start = time.perf_counter()
+        self._join(cfg)
+        resumed = self._prepare(cfg, resume)
+        self._load_data(cfg)
+        self._build(cfg, resume, resumed, init)
+        del init
+        self.writer: SummaryWriter | None = None
+        if self.main:
+            self._open_logs(cfg, resume)
+        self.clock["set-up"] = time.perf_counter() - setup_start
+
+    def _join(self, cfg: Config) -> None:
+        """Which process this is, on which device, at which precision and thread count."""
         world = World.from_env()
-        self.distributed, self.rank, self.world, self.local_rank = (
-            world.distributed,
-            world.rank,
-            world.size,
-            world.local_rank,
-        )
+        self.distributed, self.rank, self.world = world.distributed, world.rank, world.size
         self.main = world.main
         if self.distributed:
             watch_launcher()  # a worker whose torchrun died stops, saves and frees the run's lock
-        dist_timeout = parse_duration(cfg.train.dist_timeout, "train.dist_timeout")
-        self.device = resolve_device(cfg.train.device, "train.device", self.local_rank)
+        self.device = resolve_device(cfg.train.device, "train.device", world.local_rank)
         self.amp, self.amp_reason = choose_amp(cfg.train.amp, self.device)
         self.budget = parse_duration(cfg.train.max_time) if cfg.train.max_time is not None else None
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
-        self.clock = {"set-up": 0.0, "updates": 0.0, "validation": 0.0, "checkpoints": 0.0}
-        setup_start = time.perf_counter()
 
+    def _prepare(self, cfg: Config, resume: bool) -> dict[str, Any] | None:
+        """Rank 0 locks the run, checks it and prepares the data while the others wait; then the
+        process group. Returns last.pt when resuming (checked against the config)."""
+        timeout = parse_duration(cfg.train.dist_timeout, "train.dist_timeout")
+        resumed = None
         if self.main:
             self.run.mkdir(parents=True, exist_ok=True)
             self.lock = RunLock(self.run)
-            resumed = self._check_run_dir(resume)  # before prepare(): a refused resume changes nothing
+            resumed = check_run_dir(cfg, resume)  # before prepare(): a refused resume changes nothing
             prepare(cfg)
         else:
-            resumed = None
-            wait_for(lambda: is_prepared(cfg), dist_timeout, f"rank 0 to prepare the data in {self.run / 'data'}")
+            wait_for(lambda: is_prepared(cfg), timeout, f"rank 0 to prepare the data in {self.run / 'data'}")
         if self.distributed:
-            init_process_group(self.device, dist_timeout)
+            init_process_group(self.device, timeout)
+        return resumed
 
+    def _load_data(self, cfg: Config) -> None:
         data_dir = self.run / "data"
         self.tokenizer = Tokenizer.load(self.run / "spm.model")
         self.train_data = load_split(data_dir, "train")
@@ -193,6 +190,8 @@ class Trainer:
         self.valid_src = read_all_lines(data_dir / f"valid.{cfg.data.src_lang}", "valid source")
         self.valid_ref = read_all_lines(data_dir / f"valid.{cfg.data.tgt_lang}", "valid reference")
 
+    def _build(self, cfg: Config, resume: bool, resumed: dict[str, Any] | None, init: dict[str, Any] | None) -> None:
+        """Model, optimizer, schedule and scaler: fresh, from last.pt (--resume) or from train.init_from."""
         seed_everything(cfg.seed)
         self.model = Transformer(cfg.model, self.tokenizer.vocab_size).to(self.device)
         self.optimizer = build_optimizer(cfg, self.model)
@@ -207,32 +206,27 @@ class Trainer:
         if init and not (resume and last.is_file()):
             self.model.load_state_dict(init["model"])
             log.info(f"weights and vocabulary from {cfg.train.init_from} (step {init.get('step')}); fresh optimizer")
-        del init
-
         self.net: torch.nn.Module = self.model
         if self.distributed:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.net = DDP(self.model, device_ids=ids, broadcast_buffers=False)
         if cfg.train.compile:
             self.net = torch.compile(self.net)
-        self.writer = None
-        if self.main:
-            self.ckpt_dir.mkdir(exist_ok=True)
-            save_config(
-                cfg,
-                self.run / "config.yaml",
-                header=f"precision {self.precision}: train.amp {cfg.train.amp}, {self.amp_reason}",
-            )
-            if resume:
-                truncate_events(self.run / "tb", self.progress.step)
-            self.writer = SummaryWriter(self.run / "tb")
-            log.info(f"amp {cfg.train.amp}: {self.amp_reason}")
-            log.info(
-                f"model: {count_parameters(self.model):,} parameters, vocab {self.tokenizer.vocab_size}; "
-                f"device {self.device}, precision {self.precision}, world size {self.world}; "
-                f"{len(self.train_data):,} train pairs"
-            )
-        self.clock["set-up"] = time.perf_counter() - setup_start
+
+    def _open_logs(self, cfg: Config, resume: bool) -> None:
+        """Rank 0: the checkpoint directory, config.yaml, TensorBoard (cut back to the resumed step)."""
+        self.ckpt_dir.mkdir(exist_ok=True)
+        header = f"precision {self.precision}: train.amp {cfg.train.amp}, {self.amp_reason}"
+        save_config(cfg, self.run / "config.yaml", header=header)
+        if resume:
+            truncate_events(self.run / "tb", self.progress.step)
+        self.writer = SummaryWriter(self.run / "tb")
+        log.info(f"amp {cfg.train.amp}: {self.amp_reason}")
+        log.info(
+            f"model: {count_parameters(self.model):,} parameters, vocab {self.tokenizer.vocab_size}; "
+            f"device {self.device}, precision {self.precision}, world size {self.world}; "
+            f"{len(self.train_data):,} train pairs"
+        )
 
     @property
     def precision(self) -> str:
@@ -250,37 +244,8 @@ class Trainer:
             "world_size": self.world,
         }
 
-    def _check_run_dir(self, resume: bool) -> dict[str, Any] | None:
-        """Refuse to train over an earlier run without --resume; with it, return last.pt (if any)
-        once its model, vocabulary and data settings are found to be those of the config."""
-        earlier = step_checkpoints(self.ckpt_dir) + [
-            p for p in (self.ckpt_dir / "last.pt", self.run / "tb") if p.exists()
-        ]
-        if earlier and not resume:
-            raise UserError(
-                f"{self.run} already holds a training run ({earlier[0]}): add --resume to continue it, "
-                f"or train under another name (--set name=...)"
-            )
-        last = self.ckpt_dir / "last.pt"
-        if not (resume and last.is_file()):
-            return None
-        ckpt = load_checkpoint(last)
-        self._check_same_setup(ckpt)
-        return ckpt
-
-    def _check_same_setup(self, ckpt: dict[str, Any]) -> None:
-        saved = ckpt["config"]
-        now = config_to_dict(self.cfg)
-        for section in ("model", "vocab", "data"):
-            for key, value in saved[section].items():
-                if now[section].get(key) != value:
-                    raise UserError(
-                        f"cannot resume: {section}.{key} is {now[section].get(key)!r} here but "
-                        f"{value!r} in {self.ckpt_dir / 'last.pt'}"
-                    )
-
     def _restore(self, ckpt: dict[str, Any]) -> None:
-        self._check_same_setup(ckpt)
+        check_same_setup(self.cfg, ckpt)
         if ckpt["spm_model"] != self.tokenizer.model_bytes:
             raise UserError(
                 f"cannot resume: {self.run / 'spm.model'} is not the vocabulary the checkpoint was trained with"
@@ -462,9 +427,9 @@ class Trainer:
             last = self.ckpt_dir / "last.pt"
             then = f"continue from {last} with" if last.exists() else "start again with"
             raise UserError(f"{e}, then {then}: translate train --config {self.run / 'config.yaml'} --resume") from None
-        _link(path, self.ckpt_dir / "last.pt")
+        link(path, self.ckpt_dir / "last.pt")
         if best:
-            _link(path, self.ckpt_dir / "best.pt")
+            link(path, self.ckpt_dir / "best.pt")
         prune(self.ckpt_dir, self.cfg.train.keep_last)
 
     def _gather_rng(self) -> list[dict[str, Any]]:
@@ -674,33 +639,6 @@ class Trainer:
             dist.destroy_process_group()
         if self.main:
             self.lock.release()
-
-
-def truncate_events(tb_dir: Path, step: int) -> None:
-    """Keep only the TensorBoard events up to `step`: a resumed run logs the later steps again.
-
-    The kept events are copied into a new event file before the old files are removed, so any
-    reader (not only those that honour purge markers) sees each step once.
-    """
-    old = sorted(tb_dir.glob("events.out.tfevents.*"))
-    if not old:
-        return
-    writer = EventFileWriter(str(tb_dir), filename_suffix=".resumed")
-    for path in old:
-        for event in LegacyEventFileLoader(str(path)).Load():
-            if event.WhichOneof("what") not in ("file_version", "session_log") and event.step <= step:
-                writer.add_event(event)
-    writer.close()
-    for path in old:
-        path.unlink()
-
-
-def _link(src: Path, dst: Path) -> None:
-    """Point `dst` at the same file as `src`, atomically (a hard link renamed over dst)."""
-    tmp = dst.with_name(f".{dst.name}.link")
-    tmp.unlink(missing_ok=True)
-    os.link(src, tmp)
-    os.replace(tmp, dst)
 
 
 def train(cfg: Config, resume: bool = False) -> dict[str, float]:

@@ -1,0 +1,89 @@
+"""The run directory of a training (runs/NAME): its lock, the checks before training over it, the
+TensorBoard events cut back on resume, and the last.pt / best.pt links."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import Any
+
+from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+from translate.checkpoint import load_checkpoint, step_checkpoints
+from translate.config import Config, config_to_dict
+from translate.errors import UserError
+
+
+class RunLock:
+    """An exclusive lock on the run dir, so two trainings cannot write one run at once."""
+
+    def __init__(self, run: Path) -> None:
+        self.file = open(run / ".lock", "w")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"{run} is in use by another training (it holds {run}/.lock)") from None
+
+    def release(self) -> None:
+        fcntl.flock(self.file, fcntl.LOCK_UN)
+        self.file.close()
+
+
+def check_run_dir(cfg: Config, resume: bool) -> dict[str, Any] | None:
+    """Refuse to train over an earlier run without --resume; with it, return last.pt (if any)
+    once its model, vocabulary and data settings are found to be those of the config."""
+    run = cfg.run_path
+    ckpt_dir = run / "checkpoints"
+    earlier = step_checkpoints(ckpt_dir) + [p for p in (ckpt_dir / "last.pt", run / "tb") if p.exists()]
+    if earlier and not resume:
+        raise UserError(
+            f"{run} already holds a training run ({earlier[0]}): add --resume to continue it, "
+            f"or train under another name (--set name=...)"
+        )
+    last = ckpt_dir / "last.pt"
+    if not (resume and last.is_file()):
+        return None
+    ckpt = load_checkpoint(last)
+    check_same_setup(cfg, ckpt)
+    return ckpt
+
+
+def check_same_setup(cfg: Config, ckpt: dict[str, Any]) -> None:
+    """A resumed run keeps the checkpoint's model, vocabulary and data settings (UserError otherwise)."""
+    saved, now = ckpt["config"], config_to_dict(cfg)
+    for section in ("model", "vocab", "data"):
+        for key, value in saved[section].items():
+            if now[section].get(key) != value:
+                raise UserError(
+                    f"cannot resume: {section}.{key} is {now[section].get(key)!r} here but "
+                    f"{value!r} in {cfg.run_path / 'checkpoints' / 'last.pt'}"
+                )
+
+
+def truncate_events(tb_dir: Path, step: int) -> None:
+    """Keep only the TensorBoard events up to `step`: a resumed run logs the later steps again.
+
+    The kept events are copied into a new event file before the old files are removed, so any
+    reader (not only those that honour purge markers) sees each step once.
+    """
+    old = sorted(tb_dir.glob("events.out.tfevents.*"))
+    if not old:
+        return
+    writer = EventFileWriter(str(tb_dir), filename_suffix=".resumed")
+    for path in old:
+        for event in LegacyEventFileLoader(str(path)).Load():
+            if event.WhichOneof("what") not in ("file_version", "session_log") and event.step <= step:
+                writer.add_event(event)
+    writer.close()
+    for path in old:
+        path.unlink()
+
+
+def link(src: Path, dst: Path) -> None:
+    """Point `dst` at the same file as `src`, atomically (a hard link renamed over dst)."""
+    tmp = dst.with_name(f".{dst.name}.link")
+    tmp.unlink(missing_ok=True)
+    os.link(src, tmp)
+    os.replace(tmp, dst)
