@@ -233,60 +233,15 @@ def evaluate(
     quantize: QuantizeOpt = None,
 ) -> None:
     """sacreBLEU BLEU and chrF (with signatures) of a checkpoint on --src/--ref, or of --hyp against --ref."""
-    from translate.evaluate import format_scores, score
-    from translate.report import build_report, write_report
-    from translate.textio import check_output_path, read_all_lines, write_json
-    from translate.translator import translate_file_lines
+    from translate.translator import evaluate_files
 
     _keep_freed_memory()
-    for option, path in (("--report", report), ("--output", output), ("--json", json_out)):
-        if path is not None:
-            check_output_path(path, option, [ref, src, hyp, hyp_b, *(checkpoints or [])])
-    references = read_all_lines(ref, "reference")
-    sources = read_all_lines(src, "source") if src is not None else None
-    if sources is not None and len(sources) != len(references):
-        raise UserError(f"{src} has {len(sources)} lines but {ref} has {len(references)}: they must match")
-    hypotheses_b = read_all_lines(hyp_b, "second hypothesis") if hyp_b is not None else None
-    if hypotheses_b is not None and len(hypotheses_b) != len(references):
-        raise UserError(f"{hyp_b} has {len(hypotheses_b)} lines but {ref} has {len(references)}: they must match")
-    if hyp is not None:
-        if checkpoints:
-            raise UserError("give either --hyp (score existing output) or a checkpoint with --src, not both")
-        hypotheses = read_all_lines(hyp, "hypothesis")
-        if len(hypotheses) != len(references):
-            raise UserError(f"{hyp} has {len(hypotheses)} lines but {ref} has {len(references)}: they must match")
-    else:
-        if not checkpoints or sources is None:
-            raise UserError("evaluate needs a checkpoint and --src, or --hyp (see translate evaluate --help)")
-        hypotheses = translate_file_lines(
-            checkpoints,
-            sources,
-            beam=beam,
-            length_penalty=lenpen,
-            batch_tokens=batch_tokens,
-            workers=workers,
-            device=device,
-            output=output,
-            dtype=dtype,
-            quantize=quantize,
-        )
-    scores = score(hypotheses, references)
-    typer.echo(format_scores(scores))
-    if json_out:
-        write_json(scores, json_out)
-    all_scores = [scores]
-    if hypotheses_b is not None:
-        all_scores.append(score(hypotheses_b, references))
-        typer.echo(f"\n--hyp-b {hyp_b}:\n" + format_scores(all_scores[1]))
-    if report:
-        system = str(hyp) if hyp is not None else " + ".join(map(str, checkpoints or []))
-        inputs = [f"reference: {ref}"] + [f"source: {src}"] * (src is not None)
-        page = build_report(
-            references, hypotheses, sources=sources, hypotheses_b=hypotheses_b, names=[system, str(hyp_b)],
-            inputs=inputs, title=f"translation report: {system}", scores=all_scores,
-        )  # fmt: skip
-        write_report(report, page)
-        typer.echo(f"report written to {report}")
+    for line in evaluate_files(
+        ref, checkpoints=checkpoints or [], src=src, hyp=hyp, hyp_b=hyp_b, output=output, json_out=json_out,
+        report=report, beam=beam, length_penalty=lenpen, batch_tokens=batch_tokens, workers=workers, device=device,
+        dtype=dtype, quantize=quantize,
+    ):  # fmt: skip
+        typer.echo(line)
 
 
 @app.command()

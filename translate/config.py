@@ -289,10 +289,10 @@ def _set_dotted(raw: dict[str, Any], assignment: str) -> None:
     node[keys[-1]] = value
 
 
-def _check(cfg: Config) -> None:
-    """Reject values of the right type that cannot work."""
-    m, t, d, v = cfg.model, cfg.train, cfg.decode, cfg.vocab
-    rules = [
+def _rules(cfg: Config) -> list[tuple[bool, str]]:
+    """(holds, the message if it does not) for each range rule of the config."""
+    m, t, v = cfg.model, cfg.train, cfg.vocab
+    return [
         (m.d_model % m.n_heads == 0, f"model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads})"),
         (
             m.d_model > 0 and m.n_heads > 0 and m.d_ff > 0,
@@ -343,7 +343,12 @@ def _check(cfg: Config) -> None:
         (0 <= cfg.data.protect_share <= 1, "data.protect_share must be in [0, 1]"),
         (bool(cfg.name) and "/" not in cfg.name, f"name must be a plain directory name, got {cfg.name!r}"),
     ]
-    for ok, message in rules:
+
+
+def _check(cfg: Config) -> None:
+    """Reject values of the right type that cannot work."""
+    t, d = cfg.train, cfg.decode
+    for ok, message in _rules(cfg):
         if not ok:
             raise UserError(message)
     d.search_options({f: f"decode.{f}" for f in CLI_NAMES})

@@ -192,24 +192,8 @@ def build_report(
     names = list(names[: len(systems)]) if len(systems) == 1 else [f"{x}: {n}" for x, n in zip("AB", names)]
     all_scores = list(scores) if scores is not None else [score(hyps, list(references)) for hyps in systems]
     rows, figures = _rows(references, systems, sources)
-    letters = "ab"[: len(systems)]
-    chrf_edges = [5.0 * k for k in range(21)]
-    ratio_edges = [round(0.1 * k, 6) for k in range(21)]
-    hists = histogram_svg(
-        [figures[f"chrf_{s}"] for s in letters], chrf_edges, "sentence chrF", "chrF", [f"chrf-{s}" for s in letters]
-    ) + histogram_svg(
-        [figures[f"ratio_{s}"] for s in letters], ratio_edges, "length ratio (hypothesis / reference words)",
-        "hypothesis words / reference words", [f"ratio-{s}" for s in letters], overflow=True,
-    )  # fmt: skip
-    if len(systems) == 2:
-        headers = [("i", "#"), ("chrf-a", "chrF A"), ("chrf-b", "chrF B"), ("delta", "B − A")]
-        filters = headers[1:] + [("ratio-a", "length ratio A"), ("ratio-b", "length ratio B")]
-        order = "largest chrF difference between the two systems first"
-    else:
-        headers = [("i", "#"), ("chrf-a", "chrF"), ("ratio-a", "length ratio")]
-        filters = headers[1:]
-        order = "lowest sentence chrF first"
-    default_key = "delta-abs" if len(systems) == 2 else "chrf-a"
+    hists = _histograms(figures, "ab"[: len(systems)])
+    headers, filters, order, default_key = _columns(len(systems))
     head = "".join(
         f'<th><button type="button" data-key="{k}" aria-sort="none">{html.escape(label)}</button></th>'
         for k, label in headers
@@ -248,6 +232,28 @@ def build_report(
 <script>{_JS}</script>
 </body></html>
 """
+
+
+def _histograms(figures: dict[str, list[float]], letters: str) -> str:
+    """The sentence chrF and length ratio histograms (SVG) of each system."""
+    chrf_edges = [5.0 * k for k in range(21)]
+    ratio_edges = [round(0.1 * k, 6) for k in range(21)]
+    return histogram_svg(
+        [figures[f"chrf_{s}"] for s in letters], chrf_edges, "sentence chrF", "chrF", [f"chrf-{s}" for s in letters]
+    ) + histogram_svg(
+        [figures[f"ratio_{s}"] for s in letters], ratio_edges, "length ratio (hypothesis / reference words)",
+        "hypothesis words / reference words", [f"ratio-{s}" for s in letters], overflow=True,
+    )  # fmt: skip
+
+
+def _columns(n_systems: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]], str, str]:
+    """The sortable columns, the filterable ones, the order described, and the default sort key."""
+    if n_systems == 2:
+        headers = [("i", "#"), ("chrf-a", "chrF A"), ("chrf-b", "chrF B"), ("delta", "B − A")]
+        filters = headers[1:] + [("ratio-a", "length ratio A"), ("ratio-b", "length ratio B")]
+        return headers, filters, "largest chrF difference between the two systems first", "delta-abs"
+    headers = [("i", "#"), ("chrf-a", "chrF"), ("ratio-a", "length ratio")]
+    return headers, headers[1:], "lowest sentence chrF first", "chrf-a"
 
 
 def write_report(path: str | Path, page: str) -> None:

@@ -204,9 +204,32 @@ def _kind(value: object) -> str:
     )
 
 
+async def read_body(request, max_request_bytes: int) -> bytes:
+    """The request's body; RequestError 413 as soon as it is known to be over the limit."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > max_request_bytes:
+        raise RequestError(413, f"the body has {int(length)} bytes; at most {max_request_bytes} (--max-request-bytes)")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_request_bytes:
+            raise RequestError(413, f"the body is over {max_request_bytes} bytes (--max-request-bytes)")
+    return bytes(body)
+
+
+def answer(translations: list, single: bool, with_nbest: bool) -> dict:
+    """The JSON answer: one translation or a list, with nbest a list per sentence and their scores."""
+    if with_nbest:
+        out = [[text for text, _ in nbest] for nbest in translations]
+        scores = [[round(score, 4) for _, score in nbest] for nbest in translations]
+        return {"translation": out[0], "scores": scores[0]} if single else {"translations": out, "scores": scores}
+    out = [nbest[0][0] for nbest in translations]
+    return {"translation": out[0]} if single else {"translations": out}
+
+
 def create_app(
     batcher: Batcher,
-    defaults: dict,
+    defaults: SearchOptions,
     *,
     max_request_bytes: int,
     max_texts: int,
@@ -224,25 +247,12 @@ def create_app(
     def error(status: int, message: str) -> JSONResponse:
         return JSONResponse({"error": message}, status_code=status)
 
-    async def read_body(request) -> bytes:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > max_request_bytes:
-            raise RequestError(
-                413, f"the body has {int(length)} bytes; at most {max_request_bytes} (--max-request-bytes)"
-            )
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > max_request_bytes:
-                raise RequestError(413, f"the body is over {max_request_bytes} bytes (--max-request-bytes)")
-        return bytes(body)
-
     async def translate(request) -> JSONResponse:
         nonlocal answered
         start = time.perf_counter()
         size, status, texts = 0, 200, []
         try:
-            body = await read_body(request)
+            body = await read_body(request, max_request_bytes)
             size = len(body)
             texts, single, search, with_nbest = parse_request(body, defaults, max_texts)
             translations = await asyncio.wrap_future(batcher.submit(texts, search))
@@ -251,15 +261,7 @@ def create_app(
         except Exception as e:  # a fault in decoding: reported, the server goes on
             status, response = 500, error(500, f"{type(e).__name__}: {e}")
         else:
-            if with_nbest:
-                out = [[text for text, _ in nbest] for nbest in translations]
-                scores = [[round(score, 4) for _, score in nbest] for nbest in translations]
-                response = JSONResponse(
-                    {"translation": out[0], "scores": scores[0]} if single else {"translations": out, "scores": scores}
-                )
-            else:
-                out = [nbest[0][0] for nbest in translations]
-                response = JSONResponse({"translation": out[0]} if single else {"translations": out})
+            response = JSONResponse(answer(translations, single, with_nbest))
             answered += 1
         line = f"POST /translate {status} {len(texts)} sentences {size} bytes {1000 * (time.perf_counter() - start):.1f} ms"
         if log_text and texts:
@@ -290,6 +292,23 @@ def listen(host: str, port: int) -> socket.socket:
         raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
+def check_limits(
+    batch_window_ms: float, max_batch: int, max_queue: int, max_texts: int, max_request_bytes: int
+) -> None:
+    """The server's own options, each in its range (UserError naming the option otherwise)."""
+    for option, value, low in [
+        ("--batch-window-ms", batch_window_ms, 0),
+        ("--max-batch", max_batch, 1),
+        ("--max-queue", max_queue, 1),
+        ("--max-texts", max_texts, 1),
+        ("--max-request-bytes", max_request_bytes, 1),
+    ]:
+        if not value >= low or not math.isfinite(value):
+            raise UserError(f"{option} must be at least {low}, got {value}")
+    if max_texts > max_queue:
+        raise UserError(f"--max-texts ({max_texts}) must not exceed --max-queue ({max_queue})")
+
+
 def serve(
     checkpoints: Sequence[str | Path],
     *,
@@ -312,8 +331,8 @@ def serve(
     """`translate serve`: load the checkpoints once and answer HTTP until SIGTERM or Ctrl-C;
     returns the number of /translate requests answered."""
     try:
-        import uvicorn
-        from starlette.applications import Starlette  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
     except ImportError:
         raise UserError("translate serve needs starlette and uvicorn: pip install 'translate[serve]'") from None
     from translate.decoding import check_workers
@@ -321,17 +340,7 @@ def serve(
     from translate.inference import load_models
     from translate.translator import decode_options
 
-    for option, value, low in [
-        ("--batch-window-ms", batch_window_ms, 0),
-        ("--max-batch", max_batch, 1),
-        ("--max-queue", max_queue, 1),
-        ("--max-texts", max_texts, 1),
-        ("--max-request-bytes", max_request_bytes, 1),
-    ]:
-        if not value >= low or not math.isfinite(value):
-            raise UserError(f"{option} must be at least {low}, got {value}")
-    if max_texts > max_queue:
-        raise UserError(f"--max-texts ({max_texts}) must not exceed --max-queue ({max_queue})")
+    check_limits(batch_window_ms, max_batch, max_queue, max_texts, max_request_bytes)
     check_workers(workers)
     if beam is not None and not 1 <= beam <= MAX_BEAM:
         raise UserError(f"--beam must be from 1 to {MAX_BEAM}, got {beam}")
@@ -350,13 +359,20 @@ def serve(
     app = create_app(
         batcher, defaults, max_request_bytes=max_request_bytes, max_texts=max_texts, log_text=log_text, info=info
     )
+    log.info(
+        f"serving {', '.join(map(str, checkpoints))} on http://{host}:{sock.getsockname()[1]} ({dev}, beam "
+        f"{defaults.beam_size}, batch window {batch_window_ms:g} ms); SIGTERM or Ctrl-C stops after answering the "
+        "requests in flight"
+    )
+    return run_until_stopped(app, batcher, sock)
+
+
+def run_until_stopped(app, batcher: Batcher, sock: socket.socket) -> int:
+    """Serve `app` on `sock` until SIGTERM or Ctrl-C, the requests in flight answered; returns their count."""
+    import uvicorn
+
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=None)
     server = uvicorn.Server(config)
-    bound = sock.getsockname()
-    log.info(
-        f"serving {', '.join(map(str, checkpoints))} on http://{host}:{bound[1]} ({dev}, beam {defaults.beam_size}, "
-        f"batch window {batch_window_ms:g} ms); SIGTERM or Ctrl-C stops after answering the requests in flight"
-    )
     # uvicorn handles SIGTERM and SIGINT while it runs, then raises the signal again under the handler
     # that was there before: for SIGTERM a quiet one, so a drained server exits 0.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)

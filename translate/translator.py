@@ -16,7 +16,7 @@ from translate.errors import UserError
 from translate.hardware import resolve_device
 from translate.inference import load_models
 from translate.search import beam_search
-from translate.textio import check_output_path, read_lines, write_translations
+from translate.textio import check_output_path, read_all_lines, read_lines, write_json, write_translations
 
 
 def decode_options(
@@ -116,6 +116,73 @@ def translate_file_lines(
     if output is not None:
         write_translations([[(h, 0.0)] for h in hypotheses], output)
     return hypotheses
+
+
+def evaluate_files(
+    ref: Path,
+    *,
+    checkpoints: Sequence[str | Path] = (),
+    src: Path | None = None,
+    hyp: Path | None = None,
+    hyp_b: Path | None = None,
+    output: Path | None = None,
+    json_out: Path | None = None,
+    report: Path | None = None,
+    **decode,
+) -> list[str]:
+    """`translate evaluate`: score `hyp`, or the checkpoints' translation of `src` (`decode`: the
+    options of translate_file_lines), against `ref`; `hyp_b` too, side by side. Writes --json and
+    --report; returns the lines to print (the scores with their signatures)."""
+    from translate.evaluate import format_scores, score
+    from translate.report import build_report, write_report
+
+    for option, path in (("--report", report), ("--output", output), ("--json", json_out)):
+        if path is not None:
+            check_output_path(path, option, [ref, src, hyp, hyp_b, *checkpoints])
+    references, sources, hypotheses, hypotheses_b = _evaluation_inputs(ref, checkpoints, src, hyp, hyp_b)
+    if hypotheses is None:
+        hypotheses = translate_file_lines(checkpoints, sources, output=output, **decode)  # type: ignore[arg-type]
+    scores = [score(hypotheses, references)]
+    printed = [format_scores(scores[0])]
+    if json_out:
+        write_json(scores[0], json_out)
+    if hypotheses_b is not None:
+        scores.append(score(hypotheses_b, references))
+        printed.append(f"\n--hyp-b {hyp_b}:\n" + format_scores(scores[1]))
+    if report:
+        system = str(hyp) if hyp is not None else " + ".join(map(str, checkpoints))
+        inputs = [f"reference: {ref}"] + [f"source: {src}"] * (src is not None)
+        page = build_report(
+            references, hypotheses, sources=sources, hypotheses_b=hypotheses_b, names=[system, str(hyp_b)],
+            inputs=inputs, title=f"translation report: {system}", scores=scores,
+        )  # fmt: skip
+        write_report(report, page)
+        printed.append(f"report written to {report}")
+    return printed
+
+
+def _evaluation_inputs(
+    ref: Path, checkpoints: Sequence[str | Path], src: Path | None, hyp: Path | None, hyp_b: Path | None
+) -> tuple[list[str], list[str] | None, list[str] | None, list[str] | None]:
+    """The references, sources, hypotheses (None: to translate) and second hypotheses, read and
+    checked: as many lines each, and either --hyp or a checkpoint with --src."""
+    references = read_all_lines(ref, "reference")
+
+    def read_matching(path: Path | None, what: str) -> list[str] | None:
+        if path is None:
+            return None
+        lines = read_all_lines(path, what)
+        if len(lines) != len(references):
+            raise UserError(f"{path} has {len(lines)} lines but {ref} has {len(references)}: they must match")
+        return lines
+
+    sources = read_matching(src, "source")
+    hypotheses_b = read_matching(hyp_b, "second hypothesis")
+    if hyp is not None and checkpoints:
+        raise UserError("give either --hyp (score existing output) or a checkpoint with --src, not both")
+    if hyp is None and (not checkpoints or sources is None):
+        raise UserError("evaluate needs a checkpoint and --src, or --hyp (see translate evaluate --help)")
+    return references, sources, read_matching(hyp, "hypothesis"), hypotheses_b
 
 
 def plot_attention(
