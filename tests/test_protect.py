@@ -216,3 +216,20 @@ def test_decoding_with_protection_outputs_each_span_exactly_once(trained_run, tm
         for span, n in Counter(s.text for s in find_spans(line)).items():
             assert out.count(span) >= n, (line, out, span)
         assert "⦅" not in out
+
+
+def test_no_protect_decodes_the_text_as_it_is(trained_run, tmp_path):
+    """--no-protect: no span is masked, so no line needs a repair and none is warned about; the
+    output is that of a checkpoint whose decode.protect is empty."""
+    run, _ = trained_run
+    src = tmp_path / "in.en"
+    src.write_text("\n".join(software_strings()[:8]) + "\n", encoding="utf-8")
+    ckpt = run / "checkpoints" / "last.pt"
+    plain = run_cli("decode", ckpt, "--input", src, "--beam", "2", "--no-protect")
+    assert "protected span" not in plain.stderr
+    import torch
+
+    saved = torch.load(ckpt, weights_only=True)
+    saved["config"]["decode"]["protect"] = []
+    torch.save(saved, tmp_path / "off.pt")
+    assert run_cli("decode", tmp_path / "off.pt", "--input", src, "--beam", "2").stdout == plain.stdout

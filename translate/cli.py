@@ -69,6 +69,13 @@ DtypeOpt = Annotated[
 QuantizeOpt = Annotated[
     Optional[str], typer.Option("--quantize", help="int8: dynamic int8 quantization of the linear layers (CPU).")
 ]
+ProtectOpt = Annotated[
+    bool,
+    typer.Option(
+        "--protect/--no-protect",
+        help="Copy placeholders, tags, URLs, paths and numbers verbatim (the checkpoint's decode.protect classes).",
+    ),
+]
 
 
 class _TqdmHandler(logging.Handler):
@@ -192,6 +199,7 @@ def decode(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     quantize: QuantizeOpt = None,
+    protect: ProtectOpt = True,
 ) -> None:
     """Translate a text file (or stdin) with greedy (--beam 1) or beam search."""
     from translate.translator import decode_file
@@ -200,7 +208,7 @@ def decode(
     decode_file(
         checkpoints, input, output, beam=beam, length_penalty=lenpen, nbest=nbest, with_scores=scores,
         batch_tokens=batch_tokens, workers=workers, max_len_a=max_len_a, max_len_b=max_len_b, device=device,
-        dtype=dtype, quantize=quantize,
+        dtype=dtype, quantize=quantize, protect=protect,
     )  # fmt: skip
 
 
@@ -231,6 +239,7 @@ def evaluate(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     quantize: QuantizeOpt = None,
+    protect: ProtectOpt = True,
 ) -> None:
     """sacreBLEU BLEU and chrF (with signatures) of a checkpoint on --src/--ref, or of --hyp against --ref."""
     from translate.translator import evaluate_files
@@ -239,7 +248,7 @@ def evaluate(
     for line in evaluate_files(
         ref, checkpoints=checkpoints or [], src=src, hyp=hyp, hyp_b=hyp_b, output=output, json_out=json_out,
         report=report, beam=beam, length_penalty=lenpen, batch_tokens=batch_tokens, workers=workers, device=device,
-        dtype=dtype, quantize=quantize,
+        dtype=dtype, quantize=quantize, protect=protect,
     ):  # fmt: skip
         typer.echo(line)
 
@@ -264,6 +273,7 @@ def serve(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     quantize: QuantizeOpt = None,
+    protect: ProtectOpt = True,
 ) -> None:
     """HTTP JSON API: POST /translate {"text": ...} or {"texts": [...]}, GET /health (README, Deploying)."""
     from translate.serve import serve as run_serve
@@ -274,7 +284,7 @@ def serve(
         checkpoints, host=host, port=port, beam=beam, length_penalty=lenpen, batch_tokens=batch_tokens,
         workers=workers, device=device, dtype=dtype, quantize=quantize, batch_window_ms=batch_window_ms,
         max_batch=max_batch, max_queue=max_queue, max_texts=max_texts, max_request_bytes=max_request_bytes,
-        log_text=log_text,
+        log_text=log_text, protect=protect,
     )  # fmt: skip
 
 

@@ -327,6 +327,7 @@ def serve(
     max_texts: int = 256,
     max_request_bytes: int = 1 << 20,
     log_text: bool = False,
+    protect: bool = True,
 ) -> int:
     """`translate serve`: load the checkpoints once and answer HTTP until SIGTERM or Ctrl-C;
     returns the number of /translate requests answered."""
@@ -349,7 +350,7 @@ def serve(
     models, tokenizer, cfg = load_models(checkpoints, dev, dtype=dtype, quantize=quantize)
     defaults, batch_tokens = decode_options(cfg, beam, length_penalty, batch_tokens)
     batcher = Batcher(
-        models, tokenizer, batch_tokens, workers=workers, protect=cfg.decode.protect, window=batch_window_ms / 1000, max_queue=max_queue,
+        models, tokenizer, batch_tokens, workers=workers, protect=cfg.decode.protect if protect else (), window=batch_window_ms / 1000, max_queue=max_queue,
         max_batch=max_batch,
     )  # fmt: skip
     info = {

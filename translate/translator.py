@@ -53,6 +53,7 @@ def decode_file(
     device: str = "auto",
     dtype: str = "auto",
     quantize: str | None = None,
+    protect: bool = True,
 ) -> int:
     """`translate decode`: a file (or stdin, translated line by line as it arrives) to a file or
     stdout; K lines per input line for --nbest K, TSV with --scores. Returns the input line count."""
@@ -67,7 +68,7 @@ def decode_file(
     with progress_bar(lambda: count_lines(input)) if str(input) != "-" else nullcontext() as update:
         translations = translate_lines(
             models, tokenizer, lines, search, batch_tokens=batch_tokens, stream=str(input) == "-", workers=workers,
-            on_progress=update, protect=cfg.decode.protect,
+            on_progress=update, protect=cfg.decode.protect if protect else (),
         )  # fmt: skip
         return write_translations(translations, output, nbest_format="tsv" if with_scores else "text")
 
@@ -102,6 +103,7 @@ def translate_file_lines(
     output: str | Path | None = None,
     dtype: str = "auto",
     quantize: str | None = None,
+    protect: bool = True,
 ) -> list[str]:
     """`translate evaluate`: the 1-best translation of each source line (also written to `output`)."""
     check_workers(workers)
@@ -110,7 +112,7 @@ def translate_file_lines(
     with progress_bar(lambda: len(sources)) as update:
         translations = translate_lines(
             models, tokenizer, sources, search, batch_tokens=batch_tokens, workers=workers, on_progress=update,
-            protect=cfg.decode.protect,
+            protect=cfg.decode.protect if protect else (),
         )  # fmt: skip
         hypotheses = [nbest[0][0] for nbest in translations]
     if output is not None:
