@@ -2,11 +2,15 @@
 
 import json
 
+import pytest
 import yaml
 from conftest import FIXTURES, run_cli, tiny_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 COMMANDS = ["prepare", "train", "decode", "evaluate", "average", "attention", "info", "plot"]
+
+
+pytestmark = pytest.mark.e2e  # every test here runs the real command line
 
 
 def test_help_lists_every_command():

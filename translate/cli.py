@@ -1,4 +1,9 @@
-"""The `translate` command line: thin commands that parse, call one library function, print."""
+"""The `translate` command line: thin commands that parse, call one library function, print.
+
+Its length (about 500 lines) is the option declarations and their help texts; each command's
+body is a few lines. It is also the one place that changes process-wide state, and only for the
+command being run: log handlers (removed after it), glibc's malloc settings for decoding.
+"""
 
 from __future__ import annotations
 
