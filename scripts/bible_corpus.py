@@ -1,0 +1,49 @@
+"""Write verse pairs of the offline Bible corpus as line-aligned files, PREFIX.en and PREFIX.fr:
+any English and French translation of the db, any books, cleaned as `data.source: bible` cleans
+them. Used to make the adaptation example's "corpus of your own" (README, Adapting):
+
+    python scripts/bible_corpus.py my/corpus --en 3 --fr 5 --books 45-49,51-58,60-65
+
+(the Bible in Basic English and Darby's French of the New Testament letters, Philippians and
+James left out: neither translation is in the default model's training data, whose English is
+the World English Bible and whose French is Louis Segond).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+from pathlib import Path
+
+from translate.config import DataConfig
+from translate.sources import bible_pairs, fetch_bible_db
+
+
+def book_numbers(spec: str) -> set[int]:
+    books: set[int] = set()
+    for part in spec.split(","):
+        first, _, last = part.partition("-")
+        books.update(range(int(first), int(last or first) + 1))
+    return books
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("prefix", type=Path, help="writes PREFIX.en and PREFIX.fr")
+    parser.add_argument("--en", default="4", help="English translation code (4 WEB, k KJV, 3 BBE)")
+    parser.add_argument("--fr", default="l", help="French translation code (l Louis Segond, 5 Darby)")
+    parser.add_argument("--books", default="1-66", help="book numbers, e.g. 45-49,51-58")
+    args = parser.parse_args()
+    db = fetch_bible_db(Path(DataConfig().cache_dir).expanduser())
+    books = book_numbers(args.books)
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    pairs = [pair for book, pair in bible_pairs(con, args.en, args.fr, db) if book in books]
+    con.close()
+    args.prefix.parent.mkdir(parents=True, exist_ok=True)
+    for side, lang in enumerate(("en", "fr")):
+        Path(f"{args.prefix}.{lang}").write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
+    print(f"{len(pairs):,} pairs of {len(books)} books ({args.en} -> {args.fr}) in {args.prefix}.en / .fr")
+
+
+if __name__ == "__main__":
+    main()
