@@ -199,3 +199,13 @@ def is_out_of_memory(error: BaseException) -> bool:
     if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
         return True
     return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+
+
+def host_memory_mb() -> float | None:
+    """Resident memory of this process in MiB (Linux /proc), None where the system has no /proc."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20

@@ -49,7 +49,7 @@ from translate.decoding import translate_lines
 from translate.distributed import World, init_process_group, wait_for, watch_launcher
 from translate.errors import UserError
 from translate.evaluate import score, sentence_chrf
-from translate.hardware import choose_amp, cpu_info, is_out_of_memory, resolve_device
+from translate.hardware import choose_amp, cpu_info, host_memory_mb, is_out_of_memory, resolve_device
 from translate.loss import label_smoothed_nll_loss
 from translate.model import Transformer, count_parameters
 from translate.plot import attention_figure, attention_maps, figure_to_array, heads_figure, sample_indices
@@ -603,9 +603,13 @@ class Trainer:
             self.writer.add_scalar("train/lr", lr, step)
             self.writer.add_scalar("train/grad_norm", float(window["grad_norm"]) / window["updates"], step)
             self.writer.add_scalar("train/tokens_per_s", tok_s, step)
+            rss = host_memory_mb()
+            if rss is not None:
+                self.writer.add_scalar("sys/host_memory_mb", rss, step)
             bar.total = self.expected_steps()  # the ETA follows whichever bound comes first
             bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
-            log.debug(f"step {step} loss {loss:.4f} lr {lr:.3e} tokens/s {tok_s:.0f}")
+            mem = f" host memory {rss:.0f} MiB" if rss is not None else ""
+            log.debug(f"step {step} loss {loss:.4f} lr {lr:.3e} tokens/s {tok_s:.0f}{mem}")
         for k in window:
             window[k] = 0.0 if k != "updates" else 0
         self.window_clock = self.clock["updates"]
