@@ -5,12 +5,16 @@
 
 It starts `translate serve CKPT --port 0` in a subprocess and, for each number of clients,
 sends the sentences one per request (`{"text": ...}`) from that many client threads, each on
-its own keep-alive connection, each sending its next request as soon as the last is answered.
+its own keep-alive connection, each sending its next request as soon as the last is answered
+(`--per-request N`: N consecutive sentences a request, as `{"texts": [...]}`).
 It prints sentences/s (sentences / wall time) and the median and 99th percentile of the
 request latencies. The baseline is the search `translate decode` runs, `translate_lines` with
 the checkpoint's options, over the same sentences in this process (the model loaded first, as
-the server's is), with the server idle. Every server answer is checked against it. The last
-line is the server's sentences/s at the most clients as a share of decode's. On a machine
+the server's is), with the server idle. Every server answer is checked against it. A second
+baseline runs the same search over the sentences in consecutive rounds of C (the most clients)
+in input order: what a server whose C clients each have one sentence in flight could feed it at
+best, with no HTTP, no waiting and no overlap of rounds. The last line is the server's
+sentences/s at the most clients as a share of both. On a machine
 busy with other work the figures are noisy: run with --repeats 3 (medians are printed).
 """
 
@@ -43,6 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sentences", type=int, default=200, help="first N non-blank lines")
     p.add_argument("--clients", default="1,4,16", help="comma-separated numbers of concurrent clients")
     p.add_argument("--batch-window-ms", type=float, default=5.0, help="the server's --batch-window-ms")
+    p.add_argument("--per-request", type=int, default=1, help='sentences in each request (1: {"text": ...})')
     p.add_argument("--repeats", type=int, default=1, help="runs of everything, taking turns; medians printed")
     return p.parse_args(argv)
 
@@ -71,22 +76,29 @@ class Server:
         self.proc.wait(timeout=120)
 
 
-def run_clients(port: int, sentences: list[str], clients: int) -> tuple[float, list[float], list[str]]:
-    """(seconds, per-request latencies, translations in input order) with `clients` threads."""
+def run_clients(
+    port: int, sentences: list[str], clients: int, per_request: int = 1
+) -> tuple[float, list[float], list[str]]:
+    """(seconds, per-request latencies, translations in input order) with `clients` threads, each
+    request carrying `per_request` consecutive sentences (`{"text": ...}` for one, else `{"texts": [...]}`)."""
     results: list[str] = [""] * len(sentences)
     latencies: list[float] = []
+    starts = list(range(0, len(sentences), per_request))
 
     def client(k: int) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-        for i in range(k, len(sentences), clients):
+        for i in starts[k::clients]:
+            texts = sentences[i : i + per_request]
+            body = {"text": texts[0]} if per_request == 1 else {"texts": texts}
             start = time.perf_counter()
-            conn.request("POST", "/translate", json.dumps({"text": sentences[i]}), {"Content-Type": "application/json"})
+            conn.request("POST", "/translate", json.dumps(body), {"Content-Type": "application/json"})
             response = conn.getresponse()
-            body = response.read()
+            answer = response.read()
             latencies.append(time.perf_counter() - start)
             if response.status != 200:
-                raise SystemExit(f"the server answered {response.status}: {body.decode()}")
-            results[i] = json.loads(body)["translation"]
+                raise SystemExit(f"the server answered {response.status}: {answer.decode()}")
+            got = json.loads(answer)
+            results[i : i + len(texts)] = [got["translation"]] if per_request == 1 else got["translations"]
         conn.close()
 
     start = time.perf_counter()
@@ -110,13 +122,14 @@ def main(argv: list[str] | None = None) -> None:
     search, batch_tokens = decode_options(cfg)
     print(describe_machine())
     print(
-        f"{len(sentences)} sentences of {src}, one per request; beam {search.beam_size}, "
+        f"{len(sentences)} sentences of {src}, {args.per_request} per request; beam {search.beam_size}, "
         f"batch window {args.batch_window_ms:g} ms; medians of {args.repeats} repeat(s)"
     )
     server = Server(args.checkpoint, args.batch_window_ms)
     try:
         run_clients(server.port, sentences[:4], 1)  # warm up
         decode_s: list[float] = []
+        rounds_s: list[float] = []
         runs: dict[int, list[tuple[float, list[float]]]] = {c: [] for c in clients}
         same = []
         for _ in range(args.repeats):
@@ -125,8 +138,20 @@ def main(argv: list[str] | None = None) -> None:
                 n[0][0] for n in translate_lines(models, tokenizer, sentences, search, batch_tokens=batch_tokens)
             ]
             decode_s.append(time.perf_counter() - start)
+            start = time.perf_counter()  # the same search, fed as C clients with one sentence each can feed it
+            for i in range(0, len(sentences), clients[-1] * args.per_request):
+                list(
+                    translate_lines(
+                        models,
+                        tokenizer,
+                        sentences[i : i + clients[-1] * args.per_request],
+                        search,
+                        batch_tokens=batch_tokens,
+                    )
+                )
+            rounds_s.append(time.perf_counter() - start)
             for c in clients:
-                seconds, latencies, got = run_clients(server.port, sentences, c)
+                seconds, latencies, got = run_clients(server.port, sentences, c, args.per_request)
                 runs[c].append((seconds, latencies))
                 same.append(sum(a == b for a, b in zip(got, expected)) / len(sentences))
     finally:
@@ -134,6 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     decode_rate = len(sentences) / statistics.median(decode_s)
     print(f"{'':<22} {'sent/s':>9} {'p50 ms':>9} {'p99 ms':>9}")
     print(f"{'translate decode':<22} {decode_rate:>9.1f} {'':>9} {'':>9}")
+    rounds_rate = len(sentences) / statistics.median(rounds_s)
+    print(f"{f'decode, rounds of {clients[-1] * args.per_request}':<22} {rounds_rate:>9.1f} {'':>9} {'':>9}")
     rate = 0.0
     for c in clients:
         rate = len(sentences) / statistics.median(s for s, _ in runs[c])
@@ -141,7 +168,10 @@ def main(argv: list[str] | None = None) -> None:
         p99 = statistics.median(percentile(lat, 0.99) for _, lat in runs[c]) * 1000
         print(f"{f'serve, {c} client' + 's' * (c > 1):<22} {rate:>9.1f} {p50:>9.1f} {p99:>9.1f}")
     print(f"outputs equal to decode's: {100 * min(same):.1f}%")
-    print(f"serve at {clients[-1]} clients / decode: {100 * rate / decode_rate:.0f}% of decode's sentences/s")
+    print(
+        f"serve at {clients[-1]} clients / decode: {100 * rate / decode_rate:.0f}% of decode's sentences/s, "
+        f"{100 * rate / rounds_rate:.0f}% of decode's in rounds of {clients[-1] * args.per_request} sentences"
+    )
 
 
 if __name__ == "__main__":

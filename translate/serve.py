@@ -5,10 +5,12 @@
                      nbest, a list per sentence (best first) and "scores" of the same shape
     GET  /health     -> {"status": "ok", ...}
 
-Requests are parsed and checked on the event loop, then queued for one `Batcher` thread. The
-batcher waits a short window (--batch-window-ms) for more requests, groups what has arrived by
-search options and decodes each group with `translator.translate_lines`, the batched search of
-`translate decode`, so concurrent requests share batches. The queue is bounded in sentences:
+Requests are parsed and checked on the event loop, then queued for the `Batcher`'s decoding
+threads (--workers, two on a CPU with 2+ threads, each on its share of them). An idle thread waits
+a short window (--batch-window-ms) for more requests, takes what has arrived (its share when the
+other threads are idle too), groups it by search options and decodes each group with
+`decoding.translate_lines`, the batched search of `translate decode`, so concurrent requests share
+batches; the threads' rounds overlap. The queue is bounded in sentences:
 past --max-queue a request gets 503 at once; a body over --max-request-bytes or more than
 --max-texts sentences gets 413, a malformed one 400, each with one line of JSON
 `{"error": "..."}`, and none of them touches the requests already queued. SIGTERM (or Ctrl-C)
@@ -60,32 +62,45 @@ class Job:
 
 
 class Batcher:
-    """The one thread that decodes: takes the queued jobs in rounds of up to `max_batch`
-    sentences (waiting up to `window` seconds for more after the first), and decodes the jobs of
-    a round that share search options in one `translate_lines` call."""
+    """The threads that decode (`workers` of them, each with an equal share of torch's threads).
+    An idle thread takes the queued jobs in a round of up to `max_batch` sentences (waiting up to
+    `window` seconds for more after the first), its share when other threads are idle too, and
+    decodes the jobs of its round that share search options in one `translate_lines` call. The
+    threads run their rounds independently: while one decodes, the clients it has answered send
+    their next requests, which the other takes up (rounds in turn would leave a core idle while
+    the slowest sentence of a round finishes)."""
 
     def __init__(
         self, models, tokenizer, batch_tokens: int, *, workers: int, window: float, max_queue: int, max_batch: int,
         protect: Sequence[str] = (),
     ) -> None:  # fmt: skip
-        self.models, self.tokenizer, self.batch_tokens, self.workers = models, tokenizer, batch_tokens, workers
+        self.models, self.tokenizer, self.batch_tokens = models, tokenizer, batch_tokens
         self.protect = protect  # span classes copied verbatim (the checkpoint's decode.protect)
         self.window, self.max_queue, self.max_batch = window, max_queue, max_batch
         self.jobs: deque[Job] = deque()
         self.queued = 0  # sentences waiting in self.jobs
+        self.idle = 0  # threads waiting for a round
         self.cond = threading.Condition()
         self.stopping = False
-        self.thread = threading.Thread(target=self._run, name="translate-batcher", daemon=True)
+        import torch
+
+        self.intra_op = max(1, torch.get_num_threads() // max(1, workers))
+        self.threads = [
+            threading.Thread(target=self._run, name=f"translate-batcher-{i}", daemon=True)
+            for i in range(max(1, workers))
+        ]
 
     def start(self) -> None:
-        self.thread.start()
+        for thread in self.threads:
+            thread.start()
 
     def stop(self) -> None:
-        """Decode what is queued, then end the thread."""
+        """Decode what is queued, then end the threads."""
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
-        self.thread.join()
+        for thread in self.threads:
+            thread.join()
 
     def submit(self, texts: list[str], search: SearchOptions) -> Future:
         """Queue a request's sentences; RequestError 503 when the queue cannot take them."""
@@ -105,20 +120,31 @@ class Batcher:
     def _take(self) -> list[Job] | None:
         """The next round's jobs (those not cancelled), or None once stopped with nothing queued."""
         with self.cond:
-            self.cond.wait_for(lambda: self.jobs or self.stopping)
-            if not self.jobs:
-                return None
-            self.cond.wait_for(lambda: self.queued >= self.max_batch or self.stopping, timeout=self.window)
-            jobs = [self.jobs.popleft()]
-            n = len(jobs[0].texts)
-            while self.jobs and n + len(self.jobs[0].texts) <= self.max_batch:
-                n += len(self.jobs[0].texts)
-                jobs.append(self.jobs.popleft())
-            self.queued -= n
+            self.idle += 1
+            try:
+                while True:
+                    self.cond.wait_for(lambda: self.jobs or self.stopping)
+                    if not self.jobs:
+                        return None
+                    self.cond.wait_for(lambda: self.queued >= self.max_batch or self.stopping, timeout=self.window)
+                    if self.jobs:  # another thread may have taken them meanwhile
+                        break
+                limit = min(self.max_batch, -(-self.queued // self.idle))  # a share for each idle thread
+                jobs = [self.jobs.popleft()]
+                n = len(jobs[0].texts)
+                while self.jobs and n + len(self.jobs[0].texts) <= limit:
+                    n += len(self.jobs[0].texts)
+                    jobs.append(self.jobs.popleft())
+                self.queued -= n
+            finally:
+                self.idle -= 1
         # a job whose request was cancelled is dropped; the others can no longer be cancelled
         return [job for job in jobs if job.future.set_running_or_notify_cancel()]
 
     def _run(self) -> None:
+        import torch
+
+        torch.set_num_threads(self.intra_op)  # this thread's share (torch's setting is per thread)
         while (jobs := self._take()) is not None:
             groups: dict[SearchOptions, list[Job]] = {}
             for job in jobs:
@@ -138,7 +164,7 @@ class Batcher:
                     texts,
                     search,
                     batch_tokens=self.batch_tokens,
-                    workers=self.workers,
+                    workers=1,
                     protect=self.protect,
                 )  # fmt: skip
             )
@@ -336,7 +362,7 @@ def serve(
         import uvicorn  # noqa: F401
     except ImportError:
         raise UserError("translate serve needs starlette and uvicorn: pip install 'translate[serve]'") from None
-    from translate.decoding import check_workers
+    from translate.decoding import check_workers, decode_workers
     from translate.hardware import resolve_device
     from translate.inference import load_models
     from translate.translator import decode_options
@@ -348,6 +374,7 @@ def serve(
     sock = listen(host, port)
     dev = resolve_device(device)
     models, tokenizer, cfg = load_models(checkpoints, dev, dtype=dtype, quantize=quantize)
+    workers = workers or decode_workers(dev)
     defaults, batch_tokens = decode_options(cfg, beam, length_penalty, batch_tokens)
     batcher = Batcher(
         models, tokenizer, batch_tokens, workers=workers, protect=cfg.decode.protect if protect else (), window=batch_window_ms / 1000, max_queue=max_queue,
