@@ -1,6 +1,7 @@
 """End to end through the real command line: prepare -> train -> decode -> evaluate -> ..."""
 
 import json
+import sys
 
 import pytest
 import yaml
@@ -45,6 +46,9 @@ def test_training_writes_run_dir_checkpoints_and_tensorboard(trained_run):
     assert expected <= scalars
     assert [e.step for e in events.Scalars("valid/loss")] == [4, 8]
     assert [e.step for e in events.Scalars("train/loss")] == [2, 4, 6, 8]
+    if sys.platform.startswith("linux"):  # the process's resident memory, from /proc
+        memory = [e.value for e in events.Scalars("sys/host_memory_mb")]
+        assert len(memory) == 4 and all(50 < m < 100_000 for m in memory)
     assert any(t.startswith("valid/attention") for t in events.Tags()["images"])
     assert "valid/samples/text_summary" in events.Tags()["tensors"]
 

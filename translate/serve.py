@@ -377,7 +377,7 @@ def serve(
     workers = workers or decode_workers(dev)
     defaults, batch_tokens = decode_options(cfg, beam, length_penalty, batch_tokens)
     batcher = Batcher(
-        models, tokenizer, batch_tokens, workers=workers, protect=cfg.decode.protect if protect else (), window=batch_window_ms / 1000, max_queue=max_queue,
+        models, tokenizer, max(1, batch_tokens // workers), workers=workers, protect=cfg.decode.protect if protect else (), window=batch_window_ms / 1000, max_queue=max_queue,
         max_batch=max_batch,
     )  # fmt: skip
     info = {
