@@ -172,6 +172,12 @@ def train(
     """Train a Transformer (prepares the data first if needed). TensorBoard logs in RUN_DIR/NAME/tb."""
     import os
 
+    # Process-wide, before torch builds its first oneDNN primitive (the variable is read then): bf16
+    # matrix products go through oneDNN, which keeps a primitive with its buffers for each new shape,
+    # up to 1,024 by default, and nearly every batch brings new ones. 64 halved the growth of the
+    # default run's memory over 1,000 updates at the same speed (docs/experiments.md, "Host memory").
+    # A value the user set is kept.
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
     from translate.hardware import choose_amp, resolve_device
     from translate.train import train as run_train
 
