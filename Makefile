@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 CONFIG ?= configs/bible.yaml
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install data train evaluate test test-all lint format bench tensorboard clean
+.PHONY: install data train evaluate test test-all test-slow lint format bench tensorboard clean
 
 $(BIN)/translate: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,9 @@ test: install  ## the test suite (a few minutes on 2 cores)
 
 test-all: install  ## every test, the slow ones too
 	$(BIN)/python -m pytest
+
+test-slow: install  ## only the tests marked slow (the long end-to-end ones; CI runs them after make test)
+	$(BIN)/python -m pytest -m slow
 
 lint: install  ## ruff lint and format check
 	$(BIN)/ruff check translate tests scripts

@@ -1,3 +1,4 @@
+import logging
 import os
 import subprocess
 import sys
@@ -25,6 +26,27 @@ def run_cli(*args: str, cwd: Path | None = None, input: str | None = None, check
             f"translate {' '.join(map(str, args))} failed ({result.returncode}):\n{result.stderr[-3000:]}"
         )
     return result
+
+
+def run_main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, *args: object) -> tuple[int, str, str]:
+    """Run `translate ARGS...` in this process, as the console script does: (exit code, stdout, stderr).
+    It saves the torch import of a subprocess; the log handlers a command adds are removed after it."""
+    from translate.cli import main
+
+    logger = logging.getLogger("translate")
+    handlers, level = list(logger.handlers), logger.level
+    monkeypatch.setattr(sys, "argv", ["translate", *map(str, args)])
+    capsys.readouterr()
+    try:
+        with pytest.raises(SystemExit) as stop:
+            main()
+    finally:
+        for handler in logger.handlers[len(handlers) :]:  # the log files of prepare/train
+            handler.close()
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+    out, err = capsys.readouterr()
+    return stop.value.code, out, err
 
 
 def tiny_config(tmp_path: Path, name: str = "e2e", model: dict | None = None, **train) -> Path:

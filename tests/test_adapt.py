@@ -1,5 +1,6 @@
 """train --init-from: a new run from a checkpoint's weights and vocabulary, with a fresh optimizer."""
 
+import pytest
 import torch
 import yaml
 from conftest import run_cli, tiny_config
@@ -8,6 +9,8 @@ from translate.checkpoint import load_checkpoint, load_model
 from translate.config import load_config
 from translate.data import collate, load_split
 from translate.train import Trainer
+
+pytestmark = pytest.mark.slow  # every test trains: `make test-all` and CI run them
 
 
 def test_init_from_starts_from_the_checkpoints_weights_and_vocabulary(trained_run, tmp_path):

@@ -5,13 +5,13 @@ import sys
 
 import pytest
 import yaml
-from conftest import FIXTURES, run_cli, tiny_config
+from conftest import FIXTURES, run_cli, run_main, tiny_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 COMMANDS = ["prepare", "train", "decode", "evaluate", "average", "attention", "info", "plot"]
 
 
-pytestmark = pytest.mark.e2e  # every test here runs the real command line
+pytestmark = pytest.mark.e2e  # every test here runs the real command line (a subprocess, or main() with its argv)
 
 
 def test_help_lists_every_command():
@@ -53,6 +53,7 @@ def test_training_writes_run_dir_checkpoints_and_tensorboard(trained_run):
     assert "valid/samples/text_summary" in events.Tags()["tensors"]
 
 
+@pytest.mark.slow  # trains end to end: `make test-all` and CI run it
 def test_decode_and_evaluate_a_checkpoint(trained_run, tmp_path):
     run, _ = trained_run
     ckpt = run / "checkpoints" / "best.pt"
@@ -79,6 +80,7 @@ def test_decode_and_evaluate_a_checkpoint(trained_run, tmp_path):
     assert f"BLEU {scores['bleu']:.2f}" in rescored
 
 
+@pytest.mark.slow  # trains end to end: `make test-all` and CI run it
 def test_info_average_attention(trained_run, tmp_path):
     run, _ = trained_run
     info = run_cli("info", run / "checkpoints" / "last.pt").stdout
@@ -101,12 +103,12 @@ def test_train_refuses_an_existing_run_without_resume(trained_run):
     assert {p.name: p.stat().st_mtime_ns for p in (run / "checkpoints").iterdir()} == before
 
 
-def test_user_mistakes_are_one_line(tmp_path):
+def test_user_mistakes_are_one_line(tmp_path, monkeypatch, capsys):
     config = tiny_config(tmp_path)
-    result = run_cli("train", "--config", config, "--set", "train.warmup_step=3", check=False)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines() == [
+    code, _, err = run_main(monkeypatch, capsys, "train", "--config", config, "--set", "train.warmup_step=3")
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines() == [
         "error: unknown config key 'train.warmup_step'; did you mean 'train.warmup_steps'?"
     ]
-    missing = run_cli("decode", tmp_path / "nope.pt", input="x\n", check=False)
-    assert missing.returncode == 2 and "not found" in missing.stderr and "Traceback" not in missing.stderr
+    code, _, err = run_main(monkeypatch, capsys, "decode", tmp_path / "nope.pt", "-i", config)
+    assert code == 2 and "not found" in err and "Traceback" not in err

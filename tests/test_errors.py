@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
-import logging
 import os
 import shutil
 import signal
@@ -22,10 +21,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import FIXTURES, run_cli, tiny_config
+from conftest import FIXTURES, run_cli, run_main, tiny_config
 
 from translate.checkpoint import CHECKPOINT_FORMAT
-from translate.cli import main
 
 # ---------------------------------------------------------------------------- helpers
 
@@ -56,24 +54,6 @@ def assert_one_error(code: int, err: str, *names: object, logs: bool = False) ->
     for name in names:
         assert str(name) in lines[-1], f"{name!r} not in {lines[-1]!r}"
     return lines[-1]
-
-
-def run_main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, *args: object) -> tuple[int, str, str]:
-    """Run `translate ARGS...` in this process, as the console script does: (exit code, stdout, stderr)."""
-    logger = logging.getLogger("translate")
-    handlers, level = list(logger.handlers), logger.level
-    monkeypatch.setattr(sys, "argv", ["translate", *map(str, args)])
-    capsys.readouterr()
-    try:
-        with pytest.raises(SystemExit) as stop:
-            main()
-    finally:
-        for handler in logger.handlers[len(handlers) :]:  # the log files of prepare/train
-            handler.close()
-        logger.handlers[:] = handlers
-        logger.setLevel(level)
-    out, err = capsys.readouterr()
-    return stop.value.code, out, err
 
 
 @pytest.fixture
@@ -583,5 +563,10 @@ def test_bf16_on_a_cpu_without_native_bf16_is_refused_before_anything_is_written
     result = run_cli("train", "--config", cfg, check=False, env={"ATEN_CPU_CAPABILITY": "avx2"})
     assert_one_error(result.returncode, result.stderr, "train.amp bf16", "AVX2", "no native bf16", "auto", "off")
     assert not (tmp_path / "runs").exists()
-    auto = run_cli("train", "--config", cfg, "--set", "train.amp=auto", env={"ATEN_CPU_CAPABILITY": "avx2"})
+
+
+@pytest.mark.slow  # trains: `make test-all` and CI run it
+def test_amp_auto_on_a_cpu_without_native_bf16_trains_in_fp32_and_says_so(tmp_path, files):
+    cfg = tiny_config(tmp_path, name="nobf16", amp="auto")
+    auto = run_cli("train", "--config", cfg, env={"ATEN_CPU_CAPABILITY": "avx2"})
     assert "amp auto: CPU AVX2 without native bf16 -> fp32" in auto.stderr

@@ -17,6 +17,8 @@ import pytest
 import torch
 from conftest import FIXTURES, run_cli, tiny_config
 
+pytestmark = pytest.mark.slow  # trains two models and loads two libraries: `make test-all` and CI run it
+
 HAS_CT2 = importlib.util.find_spec("ctranslate2") is not None
 HAS_HF = importlib.util.find_spec("transformers") is not None
 needs_ct2 = pytest.mark.skipif(not HAS_CT2, reason="ctranslate2 is not installed (pip install '.[export]')")

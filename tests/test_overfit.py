@@ -1,5 +1,6 @@
 """The seeds' debugging advice: a small model must learn 32 pairs by heart."""
 
+import pytest
 from conftest import FIXTURES
 
 from translate.checkpoint import load_model
@@ -8,6 +9,7 @@ from translate.decoding import translate_lines
 from translate.train import train
 
 
+@pytest.mark.slow  # 400 updates: `make test-all` and CI run it
 def test_overfits_32_pairs(tmp_path):
     lines = {lang: (FIXTURES / f"bible.train.{lang}").read_text().splitlines()[:32] for lang in ("en", "fr")}
     for lang, text in lines.items():

@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 import yaml
-from conftest import FIXTURES, run_cli, tiny_config
+from conftest import FIXTURES, run_cli, run_main, tiny_config
 
 from translate.protect import (
     CLASSES,
@@ -218,18 +218,18 @@ def test_decoding_with_protection_outputs_each_span_exactly_once(trained_run, tm
         assert "⦅" not in out
 
 
-def test_no_protect_decodes_the_text_as_it_is(trained_run, tmp_path):
+def test_no_protect_decodes_the_text_as_it_is(trained_run, tmp_path, monkeypatch, capsys):
     """--no-protect: no span is masked, so no line needs a repair and none is warned about; the
     output is that of a checkpoint whose decode.protect is empty."""
     run, _ = trained_run
     src = tmp_path / "in.en"
     src.write_text("\n".join(software_strings()[:8]) + "\n", encoding="utf-8")
     ckpt = run / "checkpoints" / "last.pt"
-    plain = run_cli("decode", ckpt, "--input", src, "--beam", "2", "--no-protect")
-    assert "protected span" not in plain.stderr
+    code, plain, err = run_main(monkeypatch, capsys, "decode", ckpt, "--input", src, "--beam", "2", "--no-protect")
+    assert code == 0 and "protected span" not in err and len(plain.splitlines()) == 8
     import torch
 
     saved = torch.load(ckpt, weights_only=True)
     saved["config"]["decode"]["protect"] = []
     torch.save(saved, tmp_path / "off.pt")
-    assert run_cli("decode", tmp_path / "off.pt", "--input", src, "--beam", "2").stdout == plain.stdout
+    assert run_main(monkeypatch, capsys, "decode", tmp_path / "off.pt", "--input", src, "--beam", "2")[1] == plain

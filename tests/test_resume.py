@@ -15,6 +15,8 @@ import torch
 from conftest import run_cli, tiny_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+pytestmark = pytest.mark.slow  # each test trains and kills runs: `make test-all` and CI run them
+
 STEPS = dict(
     max_steps=40, save_every=5, eval_every=20, log_every=5, eval_max_sentences=4, max_time="1h", dropout_check=None
 )
@@ -119,7 +121,6 @@ def workers_of(cfg) -> list[int]:
     return pids
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the workers through /proc")
 def test_workers_stop_when_torchrun_is_killed_and_the_run_resumes_exactly(tmp_path):
     """torchrun SIGKILLed mid-run: its 2 workers stop within seconds (with a checkpoint), the run's

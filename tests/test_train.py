@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import run_cli, tiny_config
+from conftest import run_cli, run_main, tiny_config
 
 from translate import hardware
 from translate.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, load_model, step_checkpoints
@@ -84,6 +84,7 @@ def test_non_finite_updates_are_skipped_then_stop(tmp_path, monkeypatch):
         assert torch.equal(v, before[k]), k
 
 
+@pytest.mark.slow  # trains end to end: `make test-all` and CI run it
 def test_checkpoint_policy_keep_last_best_and_patience(tmp_path):
     cfg = tiny_config(
         tmp_path,
@@ -122,22 +123,24 @@ def test_average_of_identical_checkpoints_is_identity(trained_run, tmp_path):
     assert tokenizer.vocab_size == model.vocab_size
 
 
-def test_checkpoint_format_and_foreign_files_are_refused(trained_run, tmp_path):
+def test_checkpoint_format_and_foreign_files_are_refused(trained_run, tmp_path, monkeypatch, capsys):
     run, _ = trained_run
     ckpt = load_checkpoint(run / "checkpoints" / "last.pt")
     assert ckpt["versions"]["torch"] == str(torch.__version__) and ckpt["format"] == CHECKPOINT_FORMAT
     old = tmp_path / "old.pt"
     torch.save({**ckpt, "format": CHECKPOINT_FORMAT + 1}, old)
-    result = run_cli("info", old, check=False)
-    assert result.returncode == 2 and "format" in result.stderr and "Traceback" not in result.stderr
+    code, _, err = run_main(monkeypatch, capsys, "info", old)
+    assert code == 2 and "format" in err and "Traceback" not in err
+    source = tmp_path / "in.en"
+    source.write_text("hi\n")
     foreign = tmp_path / "foreign.pt"
     torch.save({"state_dict": {"w": torch.zeros(2)}}, foreign)
-    result = run_cli("decode", foreign, input="hi\n", check=False)
-    assert result.returncode == 2 and "not a translate checkpoint" in result.stderr
+    code, _, err = run_main(monkeypatch, capsys, "decode", foreign, "-i", source)
+    assert code == 2 and "not a translate checkpoint" in err
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes((run / "checkpoints" / "last.pt").read_bytes()[:5000])
-    result = run_cli("decode", truncated, input="hi\n", check=False)
-    assert result.returncode == 2 and "truncated or corrupt" in result.stderr
+    code, _, err = run_main(monkeypatch, capsys, "decode", truncated, "-i", source)
+    assert code == 2 and "truncated or corrupt" in err
 
 
 def test_resume_refuses_a_changed_model(trained_run, tmp_path):
@@ -152,6 +155,7 @@ def test_resume_refuses_a_changed_model(trained_run, tmp_path):
     assert result.returncode == 2 and "model.d_ff" in result.stderr
 
 
+@pytest.mark.slow  # trains end to end: `make test-all` and CI run it
 def test_torchrun_two_processes_match_one_process_on_the_same_global_batch(tmp_path):
     """2 ranks x 1 batch (gloo) == 1 process x accumulate 2: same update, written once."""
     common = dict(max_steps=1, eval_every=1, save_every=1, log_every=1, threads=1, model={"dropout": 0.0})
@@ -175,6 +179,7 @@ def test_torchrun_two_processes_match_one_process_on_the_same_global_batch(tmp_p
     assert (run / "train.log").read_text().count("training stopped") == 1
 
 
+@pytest.mark.slow  # trains end to end: `make test-all` and CI run it
 def test_time_budget_stops_on_time_with_a_last_validation_and_checkpoint(tmp_path):
     cfg = tiny_config(tmp_path, name="budget", max_steps=100_000, max_time="3s", eval_every=100_000, save_every=100_000)
     result = run_cli("train", "--config", cfg)
