@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 CONFIG ?= configs/bible.yaml
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install data train evaluate test test-all test-slow lint format bench tensorboard clean
+.PHONY: install transformers4 data train evaluate test test-all test-slow lint format bench tensorboard clean
 
 $(BIN)/translate: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,6 +15,14 @@ $(BIN)/translate: pyproject.toml
 	touch $(BIN)/translate
 
 install: $(BIN)/translate  ## create .venv and install the project with its dev tools and the export and serve extras
+
+$(VENV)/transformers4/.installed: $(BIN)/translate
+	$(BIN)/python -m pip install --quiet --upgrade --no-deps --target $(VENV)/transformers4 \
+		"transformers>=4.46,<5" "huggingface-hub>=0.34,<1" "tokenizers>=0.21,<0.23"
+	$(BIN)/python -m pip install --quiet --upgrade --target $(VENV)/transformers4 "requests>=2.32"
+	touch $@
+
+transformers4: $(VENV)/transformers4/.installed  ## transformers 4 beside the venv, for the translation-pipeline test (version 5 removed the pipeline)
 
 data: install  ## fetch, clean and encode the corpus of CONFIG
 	$(BIN)/translate prepare --config $(CONFIG)

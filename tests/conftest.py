@@ -49,7 +49,9 @@ def run_main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, *ar
     return stop.value.code, out, err
 
 
-def tiny_config(tmp_path: Path, name: str = "e2e", model: dict | None = None, **train) -> Path:
+def tiny_config(
+    tmp_path: Path, name: str = "e2e", model: dict | None = None, data: dict | None = None, **train
+) -> Path:
     """A files config on the committed Bible fixture, small enough to train in seconds."""
     cfg = {
         "name": name,
@@ -59,6 +61,7 @@ def tiny_config(tmp_path: Path, name: str = "e2e", model: dict | None = None, **
             "train": str(FIXTURES / "bible.train"),
             "valid": str(FIXTURES / "bible.valid"),
             "test": str(FIXTURES / "bible.test"),
+            **(data or {}),
         },
         "vocab": {"size": 300},
         "model": {"d_model": 32, "n_heads": 2, "d_ff": 64, "encoder_layers": 1, "decoder_layers": 1, **(model or {})},

@@ -1,16 +1,23 @@
 """translate export: CTranslate2 and Hugging Face directories that decode as `translate decode` does.
 
-The tiny trained runs (post-norm with tied embeddings: the shared `trained_run`; pre-norm with
-untied embeddings: trained here) are exported through the CLI and loaded with each library's own
-API. Every system decodes the fixtures' test sentences with alpha 0 and one fixed maximum length
-(--max-len-a 0): the two libraries divide by len ** alpha where ours uses GNMT's penalty and take
-one maximum length per call where ours takes a * source + b, so those two settings are the ones
-that all three express alike.
+Two small models (post-norm with tied embeddings; pre-norm with untied embeddings) learn the
+fixtures' 40 test pairs by heart through the CLI, so that what they output depends on the source
+and their next-piece distributions are peaked: a barely trained model says nearly the same thing
+for every sentence, with many hypotheses of nearly equal score, and then which of them a search
+keeps hangs on float rounding, which differs between libraries. They are exported through the
+CLI and loaded with each library's own API. Every system decodes the test sentences with alpha
+0 and one fixed maximum length (--max-len-a 0): the two libraries divide by len ** alpha where
+ours uses GNMT's penalty and take one maximum length per call where ours takes a * source + b,
+so those two settings are the ones that all three express alike.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,15 +34,26 @@ needs_hf = pytest.mark.skipif(not HAS_HF, reason="transformers is not installed 
 SOURCES = FIXTURES / "bible.test.en"
 MAX_LEN = 24  # pieces, for every system
 LINES = SOURCES.read_text(encoding="utf-8").splitlines()
+TRANSFORMERS4 = Path(sys.prefix) / "transformers4"  # `make transformers4`: for the pipeline test under transformers 5
+
+
+MODEL = {"d_model": 64, "n_heads": 4, "d_ff": 128, "encoder_layers": 2, "decoder_layers": 2, "dropout": 0.0}
+TRAIN = {"max_tokens": 4000, "max_steps": 300, "lr": 3e-3, "warmup_steps": 30, "label_smoothing": 0.0}
+NORMS = {"post": {}, "pre": {"norm": "pre", "tie_embeddings": False}}
 
 
 @pytest.fixture(scope="module")
-def checkpoints(trained_run, tmp_path_factory) -> dict[str, Path]:
-    """post: post-norm, tied embeddings; pre: pre-norm, untied."""
-    tmp = tmp_path_factory.mktemp("prenorm")
-    run_cli("train", "--config", tiny_config(tmp, name="pre", model={"norm": "pre", "tie_embeddings": False}))
-    run, _ = trained_run
-    return {"post": run / "checkpoints" / "best.pt", "pre": tmp / "runs" / "pre" / "checkpoints" / "best.pt"}
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """post: post-norm, tied embeddings; pre: pre-norm, untied. Each learns the 40 test pairs
+    (300 updates of one batch, about 30 s on 2 cores)."""
+    out = {}
+    for name, norm in NORMS.items():
+        tmp = tmp_path_factory.mktemp(name)
+        data = {"train": str(FIXTURES / "bible.test")}
+        train = {**TRAIN, "eval_every": TRAIN["max_steps"], "save_every": TRAIN["max_steps"]}
+        run_cli("train", "--config", tiny_config(tmp, name=name, model={**MODEL, **norm}, data=data, **train))
+        out[name] = tmp / "runs" / name / "checkpoints" / "best.pt"
+    return out
 
 
 def decode(checkpoint: Path, beam: int) -> list[str]:
@@ -81,18 +99,21 @@ def ct2_translate(directory: Path, beam: int, **options) -> list[str]:
     return [sp.decode(r.hypotheses[0]) for r in results]
 
 
+def test_the_models_translate(ours):
+    """What the exports are compared on: a distinct output per sentence (not one string for all)."""
+    for (name, beam), lines in ours.items():
+        assert len(set(lines)) >= 0.9 * len(LINES) and all(lines), (name, beam, lines[:3])
+
+
 @needs_ct2
 @pytest.mark.parametrize("name", ["post", "pre"])
 @pytest.mark.parametrize("beam", [1, 5])
 def test_ctranslate2_decodes_as_translate_decode(exported, ours, name, beam):
-    """Greedy: the same outputs. Beam 5: CTranslate2's beam search is another algorithm than
-    ours and HF's (which give the same outputs, test_huggingface_decodes_as_translate_decode);
-    on these barely trained models, whose next-piece distributions are nearly flat, many
-    hypotheses score nearly alike and 8 to 22 % of the 1-bests differ (measured over runs; either
-    search may find the better one). That both hold the same model is checked on scores:
-    test_ctranslate2_scores_as_our_model."""
+    """Greedy and beam 5: the same outputs. CTranslate2's beam search keeps, as ours does, the
+    first k non-EOS of the 2k best extensions and finishes the EOS ones among the first k; at
+    alpha 0 it stops once the best extension ends, which gives the same 1-best as our bound."""
     share = same_share(ct2_translate(exported[name, "ctranslate2"], beam), ours[name, beam])
-    assert share >= (0.99 if beam == 1 else 0.6)
+    assert share >= 0.99
 
 
 def hf_generate(directory: Path, beam: int) -> list[str]:
@@ -111,20 +132,42 @@ def hf_generate(directory: Path, beam: int) -> list[str]:
 @needs_hf
 @pytest.mark.parametrize("beam", [1, 5])
 def test_huggingface_decodes_as_translate_decode(exported, ours, beam):
-    assert same_share(hf_generate(exported["post", "huggingface"], beam), ours["post", beam]) >= 0.99
+    """The same outputs up to a trailing space: MarianTokenizer strips the text it decodes, and an
+    output cut at MAX_LEN may end with a lone word-boundary piece."""
+    ours_stripped = [line.rstrip() for line in ours["post", beam]]
+    assert same_share(hf_generate(exported["post", "huggingface"], beam), ours_stripped) >= 0.99
 
 
 @needs_hf
 def test_huggingface_pipeline(exported, ours):
-    """The translation pipeline (transformers 4; version 5 removed it) with the directory's own
-    generation config, set to greedy here."""
+    """`pipeline("translation", model=DIR)` with the directory's own generation config, set to
+    greedy here, in a subprocess. Transformers 5 removed the translation pipeline: with version 5
+    installed, the subprocess imports version 4 from `make transformers4` (CI has it)."""
     import transformers
 
+    env = dict(os.environ)
     if int(transformers.__version__.split(".")[0]) >= 5:
-        pytest.skip(f"transformers {transformers.__version__} has no translation pipeline (removed in version 5)")
-    translate = transformers.pipeline("translation", model=str(exported["post", "huggingface"]))
-    out = translate(LINES, num_beams=1, max_new_tokens=MAX_LEN)
-    assert same_share([o["translation_text"] for o in out], ours["post", 1]) >= 0.99
+        if not (TRANSFORMERS4 / ".installed").exists():
+            why = (
+                f"transformers {transformers.__version__} has no translation pipeline; `make transformers4` installs 4"
+            )
+            if os.environ.get("TRANSLATE_REQUIRE_TRANSFORMERS4"):
+                pytest.fail(why)
+            pytest.skip(why)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TRANSFORMERS4), env.get("PYTHONPATH")]))
+    script = (
+        "import json, sys, transformers\n"
+        "translate = transformers.pipeline('translation', model=sys.argv[1])\n"
+        "lines = open(sys.argv[2], encoding='utf-8').read().splitlines()\n"
+        f"out = translate(lines, num_beams=1, max_new_tokens={MAX_LEN})\n"
+        "print(json.dumps([transformers.__version__, [o['translation_text'] for o in out]]))\n"
+    )
+    command = [sys.executable, "-c", script, str(exported["post", "huggingface"]), str(SOURCES)]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    version, texts = json.loads(result.stdout.splitlines()[-1])
+    assert version.startswith("4.")
+    assert same_share(texts, [line.rstrip() for line in ours["post", 1]]) >= 0.99  # as MarianTokenizer strips
 
 
 @needs_hf
