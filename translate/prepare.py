@@ -153,6 +153,8 @@ def fingerprint(cfg: Config) -> str:
     """What the prepared data depends on: the data and vocab config (and the source files' sizes)."""
     raw = {"data": config_to_dict(cfg)["data"], "vocab": config_to_dict(cfg)["vocab"], "seed": cfg.seed}
     raw["data"].pop("num_workers", None)  # how many processes encode does not change the result
+    if cfg.data.protect_share > 0:  # placeholder pairs are added beside the originals (they once replaced them)
+        raw["placeholder_pairs"] = "added"
     if cfg.train.init_from:  # the vocabulary is the checkpoint's, whatever the vocab section says
         raw["vocab"] = vocabulary_hash(cfg)
     for key in ("train", "valid", "test", "dataset", "bible_db"):
@@ -327,6 +329,7 @@ def _encode_split(cfg: Config, tok: Tokenizer, data_dir: Path, split: str, n: in
     pairs = _read_pairs(data_dir, split, cfg)
     if split == "train" and cfg.data.protect_share > 0 and has_placeholders(tok):
         pairs = augment_pairs(pairs, cfg.data.protect, cfg.data.protect_share, cfg.seed)
+        n = round(n * (1 + cfg.data.protect_share))  # the bar's total, with the placeholder copies
     chunks = iter(lambda: list(itertools.islice(pairs, ENCODE_CHUNK)), [])
     results = _encoded_chunks(((chunk, token_dtype(tok.vocab_size), limits) for chunk in chunks), tok, workers)
     writers = [TokenWriter(data_dir / f"{split}.{side}", tok.vocab_size) for side in ("src", "tgt")]
@@ -347,7 +350,7 @@ def _encode_split(cfg: Config, tok: Tokenizer, data_dir: Path, split: str, n: in
         log.info(
             f"train: dropped {stats['too_long']:,} pairs longer than data.max_len={cfg.data.max_len} tokens and "
             f"{stats['bad_ratio']:,} with a length ratio above data.max_ratio={cfg.data.max_ratio}; "
-            f"{stats['pairs']:,} remain"
+            f"{stats['pairs']:,} remain" + (" (placeholder copies included)" if cfg.data.protect_share > 0 else "")
         )
         if not stats["pairs"]:
             raise UserError(

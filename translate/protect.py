@@ -21,10 +21,11 @@ The classes of spans (config `data.protect` for training, `decode.protect` for d
 Where spans overlap, the one starting first wins, then the longest (a URL inside a tag
 attribute is part of the tag; a number inside a URL part of the URL).
 
-Training (`augment_pairs`): a share `data.protect_share` of the train pairs gets placeholders:
-spans of the classes above, and capitalised names, that occur verbatim and once on both sides
-are replaced by the same placeholder on both sides; pairs without any get a synthetic one
-inserted at the same relative word position on both sides. Placeholder numbers are drawn at
+Training (`augment_pairs`): a share `data.protect_share` of the train pairs is added a second
+time, with placeholders: spans of the classes above, and capitalised names, that occur verbatim
+and once on both sides are replaced by the same placeholder on both sides; pairs without any get
+a synthetic one inserted at the same relative word position on both sides. The original pairs
+all stay, so the model loses none of the prose it learns from. Placeholder numbers are drawn at
 random, so every one of them is trained.
 """
 
@@ -245,9 +246,10 @@ def augment_pair(src: str, tgt: str, classes: Sequence[str], rng: random.Random)
 def augment_pairs(
     pairs: Iterable[tuple[str, str]], classes: Sequence[str], share: float, seed: int
 ) -> Iterator[tuple[str, str]]:
-    """The train pairs, a `share` of them (drawn with `seed`) with placeholders (`augment_pair`)."""
+    """The train pairs, each followed, for a `share` of them (drawn with `seed`), by a copy with
+    placeholders (`augment_pair`)."""
     rng = random.Random(seed)
     for src, tgt in pairs:
-        if share > 0 and rng.random() < share:
-            src, tgt = augment_pair(src, tgt, classes, rng)
         yield src, tgt
+        if share > 0 and rng.random() < share:
+            yield augment_pair(src, tgt, classes, rng)
