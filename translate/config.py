@@ -47,7 +47,9 @@ class DataConfig:
     bible_en: list[str] = field(default_factory=lambda: ["4"])  # English translations (train)
     bible_fr: str = "l"  # French translation
     protect: list[str] = field(default_factory=lambda: list(PROTECT_CLASSES))  # span classes (translate/protect.py)
-    protect_share: float = 0.1  # share of train pairs added again with placeholders; 0 = none (and no placeholder pieces)
+    protect_share: float = (
+        0.1  # share of train pairs added again with placeholders; 0 = none (and no placeholder pieces)
+    )
 
 
 @dataclass(frozen=True)
