@@ -12,6 +12,7 @@ from translate.config import ModelConfig, SearchOptions
 from translate.errors import UserError
 from translate.model import Transformer
 from translate.search import (
+    BeamSearch,
     Ensemble,
     Finished,
     Hypothesis,
@@ -347,6 +348,31 @@ def test_batch_equals_one_sentence_at_a_time(model, src, beam_size):
         n = int((src[row] != PAD).sum())
         alone = beam_search([model], src[row : row + 1, :n], SearchOptions(beam_size, 0.6, 1.0, 5, nbest=beam_size))
         assert_same(hyps, alone[0])
+
+
+@pytest.mark.parametrize("ensemble", [1, 2])
+def test_sentences_joining_a_running_search_get_what_they_get_alone(model, ensemble):
+    """Continuous batching: sentences join between steps, whenever; each gets the n-best list
+    it gets searched alone, and the decoder state stays as long as its oldest sentence."""
+    models = [model, tiny_model(seed=3)][:ensemble]
+    src = make_src([3, 8, 5, 1, 7, 4, 9, 2, 6, 3], seed=2)
+    max_lens = max_output_lengths(src, 1.0, 4)
+    alone = [
+        beam_search_loop(Ensemble(models), src[i : i + 1, : int((src[i] != PAD).sum())], 3, 0.6, max_lens[i : i + 1], 2)
+        for i in range(src.size(0))
+    ]
+    search = BeamSearch(Ensemble(models), 3, 0.6, 2)
+    joins = {0: [0, 1], 2: [2], 3: [3, 4, 5], 7: [6, 7], 20: [8], 21: [9]}  # step -> sentences that join before it
+    results: dict[int, list[Hypothesis]] = {}
+    for step in range(60):
+        if step in joins:
+            search.add(src[joins[step]], max_lens[joins[step]], joins[step])
+        if search.keys:
+            results.update(search.step())
+            assert search.ensemble.states[0].step <= int(max_lens.max())  # positions before the oldest dropped
+    assert sorted(results) == list(range(src.size(0)))
+    for i in range(src.size(0)):
+        assert_same(results[i], alone[i][0])
 
 
 def test_encoding_by_length_groups_equals_one_pass(model, src):

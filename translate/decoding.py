@@ -220,15 +220,24 @@ def translate_sources(
 
     with eval_mode(models):
         for rows, hyps in zip(batches, in_workers(decode, batches, workers), strict=True):
-            texts = iter(tokenizer.decode([h.tokens for hs in hyps for h in hs]))
-            for i, hs in zip(rows, hyps, strict=True):
-                best = [(next(texts), h.score) for h in hs] or [("", float("-inf"))]
-                results[i] = (best + best[-1:] * nbest)[:nbest]  # always nbest entries
+            for i, translation in zip(rows, to_translations(tokenizer, hyps, nbest), strict=True):
+                results[i] = translation
             if on_progress:
                 on_progress(len(rows))
     if on_progress and len(todo) < len(sources):
         on_progress(len(sources) - len(todo))
     return results
+
+
+def to_translations(tokenizer: Tokenizer, hyps: list[list[Hypothesis]], nbest: int) -> list[Translation]:
+    """Each sentence's hypotheses as text: always `nbest` (text, score) pairs (the last repeated
+    where the search found fewer)."""
+    texts = iter(tokenizer.decode([h.tokens for hs in hyps for h in hs]))
+    out = []
+    for hs in hyps:
+        best = [(next(texts), h.score) for h in hs] or [("", float("-inf"))]
+        out.append((best + best[-1:] * nbest)[:nbest])
+    return out
 
 
 def decode_workers(device: torch.device) -> int:

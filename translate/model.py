@@ -217,16 +217,19 @@ class DecoderLayer(nn.Module):
         x = self.sub_ffn.out(x, self.ffn(self.sub_ffn.inp(x)))
         return x, w_self, w_cross
 
-    def step(self, x: torch.Tensor, cache: LayerCache, src_mask: torch.Tensor, t: int) -> torch.Tensor:
+    def step(
+        self, x: torch.Tensor, cache: LayerCache, src_mask: torch.Tensor, t: int, self_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Position t of every row. x (R, 1, D), R = N sentences x beams (a sentence's rows adjacent),
-        src_mask (N, 1, 1, S). The new keys/values join the cache; the source's are read per sentence."""
+        src_mask (N, 1, 1, S). The new keys/values join the cache; the source's are read per sentence.
+        self_mask (R, 1, 1, t+1): the cached positions each row may see (None: all)."""
         R, N = x.size(0), src_mask.size(0)
         attn, cross = self.self_attn, self.cross_attn
         h = self.sub_self.inp(x)
         q = attn.split_heads(attn.W_q(h))  # (R, H, 1, K)
         kv = cache.append(t, attn.W_k(h), attn.W_v(h))  # (t+1, 2, R, D)
         k, v = (kv[:, i].view(t + 1, R, attn.n_heads, attn.d_k).permute(1, 2, 0, 3) for i in (0, 1))  # (R, H, t+1, K)
-        y, _ = attn.attend(q, k, v)  # the new position sees every cached one
+        y, _ = attn.attend(q, k, v, self_mask)  # the new position sees every cached one (of its own sentence)
         x = self.sub_self.out(x, y)
         q = cross.W_q(self.sub_cross.inp(x)).view(N, R // N, cross.n_heads, cross.d_k)  # (N, beams, H, K)
         y, _ = cross.attend(q.transpose(1, 2), cache.mk, cache.mv, src_mask)  # (N, beams, D): one source per sentence
@@ -258,13 +261,26 @@ class LayerCache:
         self.kv[t, 1] = v[:, 0]
         return self.kv[: t + 1]
 
-    def select(self, t: int, index: torch.Tensor, keep: torch.Tensor | None) -> LayerCache:
-        """The cache of rows `index` (first t positions) and of sentences `keep` (None: all)."""
+    def select(self, t: int, index: torch.Tensor, keep: torch.Tensor | None, first: int = 0) -> LayerCache:
+        """The cache of rows `index` (positions first..t-1, which become 0..t-first-1) and of
+        sentences `keep` (None: all)."""
         mk, mv = (self.mk, self.mv) if keep is None else (self.mk.index_select(0, keep), self.mv.index_select(0, keep))
         if self.kv is None:
             return LayerCache(mk, mv)
         kv = self.kv.new_empty(self.kv.size(0), 2, index.numel(), self.kv.size(3))
-        torch.index_select(self.kv[:t], 2, index, out=kv[:t])
+        torch.index_select(self.kv[first:t], 2, index, out=kv[: t - first])
+        return LayerCache(mk, mv, kv)
+
+    def join(self, new: LayerCache, t: int, rows: int) -> LayerCache:
+        """This cache (t positions) followed by a fresh one's sentences with `rows` rows in all: the
+        sources padded to the longer one, the new rows' self-attention keys/values zero (masked)."""
+        S = max(self.mk.size(2), new.mk.size(2))
+        mk = torch.cat([F.pad(m, (0, 0, 0, S - m.size(2))) for m in (self.mk, new.mk)])
+        mv = torch.cat([F.pad(m, (0, 0, 0, S - m.size(2))) for m in (self.mv, new.mv)])
+        if self.kv is None:
+            return LayerCache(mk, mv)
+        kv = self.kv.new_zeros(self.kv.size(0), 2, self.kv.size(2) + rows, self.kv.size(3))
+        kv[:t, :, : self.kv.size(2)] = self.kv[:t]
         return LayerCache(mk, mv, kv)
 
 
@@ -275,6 +291,7 @@ class DecoderState:
     src_mask: torch.Tensor  # (N, 1, 1, S) True = real source token, one row per sentence
     caches: list[LayerCache]  # one per decoder layer
     step: int = 0  # positions decoded so far
+    start: torch.Tensor | None = None  # (R,) the step at which each row's sentence joined (None: all at 0)
 
 
 class Transformer(nn.Module):
@@ -376,9 +393,17 @@ class Transformer(nn.Module):
 
         R is a multiple of the state's N sentences: each sentence's rows (its beams) are adjacent.
         """
-        x = self.embed_tokens(self.tgt_embed, tokens[:, None], offset=state.step)  # (R, 1, D)
+        if state.start is None:
+            x = self.embed_tokens(self.tgt_embed, tokens[:, None], offset=state.step)  # (R, 1, D)
+            self_mask = None
+        else:  # rows that joined later: their own positions, and only their sentence's cached ones
+            position = state.step - state.start  # (R,)
+            pe = self.pe if state.step < self.pe.size(0) else sinusoidal_positions(state.step + 1, self.cfg.d_model)
+            pe = pe.to(self.pe.device, self.tgt_embed.weight.dtype)[position, None]  # (R, 1, D)
+            x = self.dropout(self.tgt_embed(tokens[:, None]) * math.sqrt(self.cfg.d_model) + pe)
+            self_mask = (torch.arange(state.step + 1, device=tokens.device) >= state.start[:, None])[:, None, None]
         for layer, cache in zip(self.decoder, state.caches):
-            x = layer.step(x, cache, state.src_mask, state.step)
+            x = layer.step(x, cache, state.src_mask, state.step, self_mask)
         state.step += 1
         return self.output(self.dec_norm(x[:, 0]))
 
@@ -394,8 +419,31 @@ class Transformer(nn.Module):
         if keep is not None and keep.numel() == state.src_mask.size(0):
             sentences = None  # every sentence stays: the source's keys/values are shared, not copied
         src_mask = state.src_mask if sentences is None else state.src_mask.index_select(0, sentences)
-        caches = [c.select(state.step, index, sentences) for c in state.caches]
-        return DecoderState(src_mask, caches, state.step)
+        start, first = None, 0
+        if state.start is not None:  # positions before every row's start are dropped
+            start = state.start.index_select(0, index)
+            first = int(start.min())
+            start = None if int(start.max()) == first else start - first
+        caches = [c.select(state.step, index, sentences, first) for c in state.caches]
+        return DecoderState(src_mask, caches, state.step - first, start)
+
+    @staticmethod
+    def join_state(state: DecoderState, new: DecoderState, beams: int) -> DecoderState:
+        """A running state followed by a fresh one's sentences (init_state, one row each), which
+        get `beams` adjacent rows each and start at position 0 now (continuous batching: new
+        sentences join a search under way). Every sentence of `state` must have `beams` rows."""
+        masks = (state.src_mask, new.src_mask)
+        src_mask = masks[0].new_zeros(sum(m.size(0) for m in masks), 1, 1, max(m.size(-1) for m in masks))
+        src_mask[: masks[0].size(0), ..., : masks[0].size(-1)] = masks[0]
+        src_mask[masks[0].size(0) :, ..., : masks[1].size(-1)] = masks[1]
+        rows = beams * new.src_mask.size(0)
+        caches = [old.join(fresh, state.step, rows) for old, fresh in zip(state.caches, new.caches, strict=True)]
+        if state.step == 0:
+            return DecoderState(src_mask, caches)
+        start = state.start
+        if start is None:
+            start = torch.zeros(beams * masks[0].size(0), dtype=torch.long, device=src_mask.device)
+        return DecoderState(src_mask, caches, state.step, torch.cat([start, start.new_full((rows,), state.step)]))
 
 
 def count_parameters(model: nn.Module) -> int:

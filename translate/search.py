@@ -110,6 +110,14 @@ class Ensemble:
             else:
                 self.states.append(PrefixState(memory, src_mask, src.new_empty((src.size(0), 0))))
 
+    def join(self, src: torch.Tensor, beams: int) -> None:
+        """New sentences src (B, S) join the running states with `beams` rows each (Transformer.join_state)."""
+        if not self.use_cache:
+            raise ValueError("sentences can join a search only with use_cache=True")
+        for i, model in enumerate(self.models):
+            memory, src_mask = encode_by_length(model, src)
+            self.states[i] = model.join_state(self.states[i], model.init_state(memory, src_mask), beams)
+
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (R,) the last token of each row -> log-probs (R, V) of the next one, PAD/BOS at -inf."""
         logps = [
@@ -195,15 +203,15 @@ def split_candidates(
     return finish, go_on
 
 
-def open_bound(scores: torch.Tensor, length: int, max_lens: torch.Tensor, alpha: float) -> torch.Tensor:
+def open_bound(scores: torch.Tensor, length: torch.Tensor | int, max_lens: torch.Tensor, alpha: float) -> torch.Tensor:
     """The best normalised score any open hypothesis of each sentence can still reach.
 
-    scores (N, k) log-probs of hypotheses of `length` tokens, max_lens (N,) -> (N,). Log-probs only
-    fall as tokens are added, so the bound is the best log-prob over the largest penalty the final
-    length can have: lp(max_len) for alpha >= 0, lp(length + 1) for alpha < 0.
+    scores (N, k) log-probs of hypotheses of `length` tokens ((N,) or one for all), max_lens (N,)
+    -> (N,). Log-probs only fall as tokens are added, so the bound is the best log-prob over the
+    largest penalty the final length can have: lp(max_len) for alpha >= 0, lp(length + 1) for alpha < 0.
     """
     best = scores.max(dim=1).values  # (N,) <= 0
-    lp = gnmt_length_penalty(max_lens, alpha).clamp(min=float(gnmt_length_penalty(length + 1, alpha)))  # (N,)
+    lp = torch.maximum(gnmt_length_penalty(max_lens, alpha), gnmt_length_penalty(length + 1, alpha))  # (N,)
     return best / lp
 
 
@@ -217,17 +225,30 @@ class Finished:
         self.lengths = torch.zeros(n_sentences, k, dtype=torch.long, device=device)
         self.tokens = torch.zeros(n_sentences, k, width, dtype=torch.long, device=device)
 
-    def add(self, scores: torch.Tensor, log_probs: torch.Tensor, length: int, tokens: torch.Tensor) -> None:
+    def add(
+        self, scores: torch.Tensor, log_probs: torch.Tensor, length: torch.Tensor | int, tokens: torch.Tensor
+    ) -> None:
         """New finished candidates: scores (N, c) normalised (-inf = none), log_probs (N, c),
-        tokens (N, c, length). Keeps the k best of old and new."""
+        length (N,) (or one for all) and tokens (N, c, L): each one's first `length`, L <= width.
+        Keeps the k best of old and new."""
         all_scores = torch.cat([self.scores, scores], dim=1)  # (N, k+c)
         self.scores, pos = all_scores.topk(self.k, dim=1)  # (N, k)
         self.log_probs = torch.cat([self.log_probs, log_probs], dim=1).gather(1, pos)
-        lengths = torch.full_like(scores, length, dtype=torch.long)
+        lengths = torch.as_tensor(length, device=scores.device).view(-1, 1).expand_as(scores)
         self.lengths = torch.cat([self.lengths, lengths], dim=1).gather(1, pos)
-        tokens = F.pad(tokens, (0, self.width - length))  # (N, c, width)
+        tokens = F.pad(tokens, (0, self.width - tokens.size(2)))  # (N, c, width)
         tokens = torch.cat([self.tokens, tokens], dim=1)  # (N, k+c, width)
         self.tokens = tokens.gather(1, pos[:, :, None].expand(-1, -1, self.width))
+
+    def join(self, other: Finished) -> None:
+        """Another Finished's sentences after these (the tokens of both padded to the wider)."""
+        width = max(self.width, other.width)
+        self.tokens = torch.cat([F.pad(f.tokens, (0, width - f.width)) for f in (self, other)])
+        self.scores, self.log_probs = (
+            torch.cat([self.scores, other.scores]),
+            torch.cat([self.log_probs, other.log_probs]),
+        )
+        self.lengths, self.width = torch.cat([self.lengths, other.lengths]), width
 
     def nth(self, n: int) -> torch.Tensor:
         """(N,) the n-th best finished score (-inf while fewer than n have finished), n <= k."""
@@ -334,7 +355,20 @@ def beam_search(
 def beam_search_loop(
     ensemble: Ensemble, src: torch.Tensor, k: int, alpha: float, max_lens: torch.Tensor, nbest: int
 ) -> list[list[Hypothesis]]:
-    """The beam loop over N*k rows (a sentence's beams adjacent), any k >= 1.
+    """The whole batch src (B, S) through a `BeamSearch`, stepped until every sentence is done."""
+    results: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
+    search = BeamSearch(ensemble, k, alpha, nbest)
+    search.add(src, max_lens, list(range(src.size(0))))
+    while search.keys:
+        for i, hypotheses in search.step():
+            results[i] = hypotheses
+    return results
+
+
+class BeamSearch:
+    """The beam loop over N*k rows (a sentence's beams adjacent), any k >= 1, as a batch that new
+    sentences may join between steps (`add`: a server's continuous batching) and that each
+    sentence leaves as soon as it is done (`step` returns it).
 
     The encoder and the cross-attention keys/values run once per sentence, and a sentence's beams
     share them (see Transformer.reorder_state). Each step: the 2k best extensions per sentence
@@ -344,41 +378,77 @@ def beam_search_loop(
     nbest-th of them (nothing still open could change its n-best list); it then leaves the batch
     (its state rows are dropped).
     """
-    B, device = src.size(0), src.device
-    if B == 0:
-        return []
-    ensemble.start(src)  # one row per sentence: the first step's extensions fan out to k beams
-    ids = torch.arange(B, device=device)  # original sentence of each active one
-    scores = torch.zeros(B, 1, device=device)  # (N, beams) log-probs of the open hypotheses
-    tokens = src.new_full((B,), BOS)  # (N*beams,) last token of each row
-    history = src.new_empty((B, 0))  # (N*beams, t)
-    finished = Finished(B, k, int(max_lens.max()), device)
-    results: list[list[Hypothesis]] = [[] for _ in range(B)]
-    for step in range(int(max_lens.max())):
-        length, (N, beams) = step + 1, scores.shape
-        cand_scores, cand_beams, cand_tokens = top_candidates(scores, *ensemble.top(tokens, 2 * k), 2 * k)
+
+    def __init__(self, ensemble: Ensemble, k: int, alpha: float, nbest: int) -> None:
+        self.ensemble, self.k, self.alpha, self.nbest = ensemble, k, alpha, nbest
+        self.keys: list[Any] = []  # the caller's key of each active sentence
+
+    @torch.inference_mode()
+    def add(self, src: torch.Tensor, max_lens: torch.Tensor, keys: list[Any]) -> None:
+        """Sentences src (B, S) with their max output lengths (B,) join, known by `keys`. In an
+        empty search each gets one row (the first step fans out to k beams); joining a running one,
+        as many rows as its sentences have, beams past the first at -inf (so they fan out too)."""
+        B, device = src.size(0), src.device
+        if B == 0:
+            return
+        width = int(max_lens.max())
+        finished = Finished(B, self.k, width, device)
+        if not self.keys:
+            self.ensemble.start(src)
+            self.scores = torch.zeros(B, 1, device=device)  # (N, beams) log-probs of the open hypotheses
+            self.tokens = src.new_full((B,), BOS)  # (N*beams,) last token of each row
+            self.history = src.new_zeros(B, width)  # (N*beams, width) each row's tokens so far, left-aligned
+            self.lengths = src.new_zeros(B)  # (N,) tokens so far of each sentence
+            self.max_lens, self.finished, self.keys = max_lens, finished, list(keys)
+            return
+        beams = self.scores.size(1)
+        self.ensemble.join(src, beams)
+        scores = torch.zeros(B, beams, device=device)
+        scores[:, 1:] = NEG_INF
+        self.scores = torch.cat([self.scores, scores])
+        self.tokens = torch.cat([self.tokens, src.new_full((B * beams,), BOS)])
+        width = max(width, self.history.size(1))
+        history = (self.history, src.new_zeros(B * beams, width))
+        self.history = torch.cat([F.pad(h, (0, width - h.size(1))) for h in history])
+        self.lengths = torch.cat([self.lengths, src.new_zeros(B)])
+        self.max_lens = torch.cat([self.max_lens, max_lens])
+        self.finished.join(finished)
+        self.keys += keys
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Any, list[Hypothesis]]]:
+        """One token more for every active sentence; the sentences done leave: (key, their nbest
+        hypotheses best first) for each."""
+        k, (N, beams), device = self.k, self.scores.shape, self.scores.device
+        length = self.lengths + 1  # (N,) tokens after this step
+        top = self.ensemble.top(self.tokens, 2 * k)
+        cand_scores, cand_beams, cand_tokens = top_candidates(self.scores, *top, 2 * k)
         parents = cand_beams + beams * torch.arange(N, device=device)[:, None]  # (N, 2k) parent rows
-        finish, go_on = split_candidates(cand_scores, cand_tokens, k, max_lens <= length)
+        finish, go_on = split_candidates(cand_scores, cand_tokens, k, self.max_lens <= length)
         if finish.any():
-            ends = torch.cat([history[parents[:, :k]], cand_tokens[:, :k, None]], dim=2)  # (N, k, t+1)
-            ended = normalize(cand_scores[:, :k], length, alpha).masked_fill(~finish, NEG_INF)
-            finished.add(ended, cand_scores[:, :k], length, ends)
+            ends = self.history[parents[:, :k]]  # (N, k, width)
+            ends.scatter_(2, self.lengths.view(N, 1, 1).expand(N, k, 1), cand_tokens[:, :k, None])
+            ended = normalize(cand_scores[:, :k], length[:, None], self.alpha).masked_fill(~finish, NEG_INF)
+            self.finished.add(ended, cand_scores[:, :k], length, ends)
         scores = cand_scores.gather(1, go_on)  # (N, k)
         rows, tokens = parents.gather(1, go_on).view(-1), cand_tokens.gather(1, go_on).view(-1)
-        history = torch.cat([history[rows], tokens[:, None]], dim=1)  # (N*k, t+1)
-        nth = finished.nth(nbest)  # (N,) -inf while fewer than nbest have finished
-        beaten = (nth > NEG_INF) & (open_bound(scores, length, max_lens, alpha) <= nth)
-        done = (max_lens <= length) | beaten
-        keep = torch.arange(N, device=device)  # (N',) the sentences that go on
+        history = self.history[rows]  # (N*k, width)
+        history.scatter_(1, self.lengths.repeat_interleave(k)[:, None], tokens[:, None])
+        nth = self.finished.nth(self.nbest)  # (N,) -inf while fewer than nbest have finished
+        beaten = (nth > NEG_INF) & (open_bound(scores, length, self.max_lens, self.alpha) <= nth)
+        done = (self.max_lens <= length) | beaten
+        out, keep = [], None
         if done.any():
             for i in done.nonzero().squeeze(1).tolist():
-                results[int(ids[i])] = finished.hypotheses(i, nbest)
-            keep = (~done).nonzero().squeeze(1)  # (N',)
-            if keep.numel() == 0:
-                break
+                out.append((self.keys[i], self.finished.hypotheses(i, self.nbest)))
+            keep = (~done).nonzero().squeeze(1)  # (N',) the sentences that go on
+            self.keys = [self.keys[i] for i in keep.tolist()]
+            if not self.keys:
+                return out
             keep_rows = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)  # (N'*k,)
-            ids, scores, max_lens = ids[keep], scores[keep], max_lens[keep]
-            finished.select(keep)
+            scores, length, self.max_lens = scores[keep], length[keep], self.max_lens[keep]
+            self.finished.select(keep)
             rows, tokens, history = rows[keep_rows], tokens[keep_rows], history[keep_rows]
-        ensemble.reorder(rows, keep)
-    return results
+        self.ensemble.reorder(rows, keep if keep is not None else torch.arange(N, device=device))
+        self.scores, self.tokens, self.history, self.lengths = scores, tokens, history, length
+        return out

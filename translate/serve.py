@@ -59,16 +59,19 @@ class Job:
     texts: list[str]
     search: SearchOptions
     future: Future = field(default_factory=Future)
+    results: list = field(default_factory=list)  # each sentence's n-best list, as it is done
+    left: int = 0  # sentences still searching
+    protector: object = None  # the request's masked spans (translate.protect.Protector)
 
 
 class Batcher:
-    """The threads that decode (`workers` of them, each with an equal share of torch's threads).
-    An idle thread takes the queued jobs in a round of up to `max_batch` sentences (waiting up to
-    `window` seconds for more after the first), its share when other threads are idle too, and
-    decodes the jobs of its round that share search options in one `translate_lines` call. The
-    threads run their rounds independently: while one decodes, the clients it has answered send
-    their next requests, which the other takes up (rounds in turn would leave a core idle while
-    the slowest sentence of a round finishes)."""
+    """The threads that decode (`workers` of them, each with an equal share of torch's threads),
+    with continuous batching: each thread keeps a running `BeamSearch` per search options, and
+    between two of its steps the queued sentences join it (up to `max_batch` sentences in flight
+    a thread, a thread taking no more than its share of what is queued and in flight), while each
+    sentence leaves as soon as it is done and its request is answered once all of its sentences
+    are. A thread with nothing in flight waits for a request, then up to `window` seconds for
+    more. Greedy requests (beam_size 1) are decoded at once, in one `translate_lines` call."""
 
     def __init__(
         self, models, tokenizer, batch_tokens: int, *, workers: int, window: float, max_queue: int, max_batch: int,
@@ -77,16 +80,19 @@ class Batcher:
         self.models, self.tokenizer, self.batch_tokens = models, tokenizer, batch_tokens
         self.protect = protect  # span classes copied verbatim (the checkpoint's decode.protect)
         self.window, self.max_queue, self.max_batch = window, max_queue, max_batch
+        self.max_pieces = min(m.cfg.max_positions for m in models) - 1
+        for model in models:
+            model.eval()
         self.jobs: deque[Job] = deque()
         self.queued = 0  # sentences waiting in self.jobs
-        self.idle = 0  # threads waiting for a round
         self.cond = threading.Condition()
         self.stopping = False
         import torch
 
         self.intra_op = max(1, torch.get_num_threads() // max(1, workers))
+        self.in_flight = [0] * max(1, workers)  # sentences each thread is searching
         self.threads = [
-            threading.Thread(target=self._run, name=f"translate-batcher-{i}", daemon=True)
+            threading.Thread(target=self._run, args=(i,), name=f"translate-batcher-{i}", daemon=True)
             for i in range(max(1, workers))
         ]
 
@@ -95,7 +101,7 @@ class Batcher:
             thread.start()
 
     def stop(self) -> None:
-        """Decode what is queued, then end the threads."""
+        """Decode what is queued and in flight, then end the threads."""
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
@@ -117,66 +123,112 @@ class Batcher:
             self.cond.notify_all()
         return job.future
 
-    def _take(self) -> list[Job] | None:
-        """The next round's jobs (those not cancelled), or None once stopped with nothing queued."""
+    def _take(self, me: int) -> list[Job] | None:
+        """The jobs thread `me` takes now (not cancelled ones): without waiting while it has
+        sentences in flight; None once stopped with nothing queued or in flight."""
         with self.cond:
-            self.idle += 1
-            try:
-                while True:
-                    self.cond.wait_for(lambda: self.jobs or self.stopping)
-                    if not self.jobs:
-                        return None
-                    self.cond.wait_for(lambda: self.queued >= self.max_batch or self.stopping, timeout=self.window)
-                    if self.jobs:  # another thread may have taken them meanwhile
-                        break
-                limit = min(self.max_batch, -(-self.queued // self.idle))  # a share for each idle thread
-                jobs = [self.jobs.popleft()]
-                n = len(jobs[0].texts)
-                while self.jobs and n + len(self.jobs[0].texts) <= limit:
-                    n += len(self.jobs[0].texts)
-                    jobs.append(self.jobs.popleft())
-                self.queued -= n
-            finally:
-                self.idle -= 1
+            if not self.in_flight[me]:
+                self.cond.wait_for(lambda: self.jobs or self.stopping)
+                if not self.jobs:
+                    return None
+                self.cond.wait_for(lambda: self.queued >= self.max_batch or self.stopping, timeout=self.window)
+            share = -(-(self.queued + sum(self.in_flight)) // len(self.in_flight))
+            room = min(self.max_batch, share) - self.in_flight[me]
+            jobs: list[Job] = []
+            n = 0
+            while self.jobs and (n + len(self.jobs[0].texts) <= room or not (n or self.in_flight[me])):
+                n += len(self.jobs[0].texts)
+                jobs.append(self.jobs.popleft())
+            self.queued -= n
+            self.in_flight[me] += n
         # a job whose request was cancelled is dropped; the others can no longer be cancelled
-        return [job for job in jobs if job.future.set_running_or_notify_cancel()]
+        taken = [job for job in jobs if job.future.set_running_or_notify_cancel()]
+        self._done(me, sum(len(job.texts) for job in jobs if job not in taken))
+        return taken
 
-    def _run(self) -> None:
+    def _done(self, me: int, sentences: int) -> None:
+        if sentences:
+            with self.cond:
+                self.in_flight[me] -= sentences
+
+    def _run(self, me: int) -> None:
         import torch
 
         torch.set_num_threads(self.intra_op)  # this thread's share (torch's setting is per thread)
-        while (jobs := self._take()) is not None:
-            groups: dict[SearchOptions, list[Job]] = {}
+        searches: dict[SearchOptions, object] = {}  # the running BeamSearch of each search options
+        while (jobs := self._take(me)) is not None:
             for job in jobs:
-                groups.setdefault(job.search, []).append(job)
-            for search, group in groups.items():
-                self._decode(search, group)
+                self._begin(me, job, searches)
+            for search in list(searches):
+                self._step(me, searches, search)
 
-    def _decode(self, search: SearchOptions, jobs: list[Job]) -> None:
-        from translate.decoding import translate_lines
+    def _begin(self, me: int, job: Job, searches: dict) -> None:
+        """Encode a job's sentences and have them join the running search of its options (or
+        decode it at once: greedy, or no sentence to search)."""
+        import torch
 
-        texts = [text for job in jobs for text in job.texts]
+        from translate.decoding import encode_sources, pad_batch, translate_lines
+        from translate.protect import Protector
+        from translate.search import BeamSearch, Ensemble, max_output_lengths
+
         try:
-            translations = list(
-                translate_lines(
-                    self.models,
-                    self.tokenizer,
-                    texts,
-                    search,
-                    batch_tokens=self.batch_tokens,
-                    workers=1,
-                    protect=self.protect,
+            if job.search.beam_size == 1:
+                translations = list(
+                    translate_lines(
+                        self.models, self.tokenizer, job.texts, job.search, batch_tokens=self.batch_tokens, workers=1,
+                        protect=self.protect,
+                    )
                 )  # fmt: skip
-            )
-        except Exception as e:  # the requests get a 500 with the reason; the server goes on
-            log.error(f"decoding {len(texts)} sentences failed: {type(e).__name__}: {e}")
-            for job in jobs:
-                job.future.set_exception(e)
+                return self._answer(me, job, translations)
+            job.protector = Protector(self.protect, self.tokenizer)
+            sources = encode_sources(self.tokenizer, list(job.protector.mask_lines(job.texts)), self.max_pieces)
+            job.results = [[("", 0.0)] * job.search.nbest for _ in sources]
+            todo = [i for i, ids in enumerate(sources) if ids is not None]
+            job.left = len(todo)
+            if not todo:
+                return self._answer(me, job, job.results)
+            src = pad_batch([sources[i] for i in todo], next(self.models[0].parameters()).device)
+            o = job.search
+            if o not in searches:
+                searches[o] = BeamSearch(Ensemble(self.models), o.beam_size, o.length_penalty, o.nbest)
+            with torch.inference_mode():
+                max_lens = max_output_lengths(src, o.max_len_a, o.max_len_b)
+            searches[o].add(src, max_lens, [(job, i) for i in todo])
+        except Exception as e:  # the request gets a 500 with the reason; the server goes on
+            self._fail(me, [job], e)
+
+    def _step(self, me: int, searches: dict, options: SearchOptions) -> None:
+        """One step of the search of these options; the sentences done go to their requests."""
+        from translate.decoding import to_translations
+
+        search = searches[options]
+        try:
+            done = search.step()
+            translations = to_translations(self.tokenizer, [hyps for _, hyps in done], options.nbest)
+        except Exception as e:  # every request of this search gets a 500; the server goes on
+            self._fail(me, list(dict.fromkeys(job for job, _ in search.keys)), e)
+            del searches[options]
             return
-        start = 0
+        for ((job, i), _), translation in zip(done, translations, strict=True):
+            job.results[i] = translation
+            job.left -= 1
+            if job.left == 0:
+                self._answer(me, job, job.results)
+        if not search.keys:
+            del searches[options]
+
+    def _answer(self, me: int, job: Job, translations: list) -> None:
+        if job.protector is not None:
+            translations = list(job.protector.restore(translations))
+        job.future.set_result(translations)
+        self._done(me, len(job.texts))
+
+    def _fail(self, me: int, jobs: list[Job], e: Exception) -> None:
+        log.error(f"decoding {sum(len(job.texts) for job in jobs)} sentences failed: {type(e).__name__}: {e}")
         for job in jobs:
-            job.future.set_result(translations[start : start + len(job.texts)])
-            start += len(job.texts)
+            if not job.future.done():
+                job.future.set_exception(e)
+                self._done(me, len(job.texts))
 
 
 def parse_request(body: bytes, defaults: SearchOptions, max_texts: int) -> tuple[list[str], bool, SearchOptions, bool]:
