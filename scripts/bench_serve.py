@@ -47,6 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sentences", type=int, default=200, help="first N non-blank lines")
     p.add_argument("--clients", default="1,4,16", help="comma-separated numbers of concurrent clients")
     p.add_argument("--batch-window-ms", type=float, default=5.0, help="the server's --batch-window-ms")
+    p.add_argument("--workers", type=int, default=0, help="the server's --workers (0: its default)")
     p.add_argument("--per-request", type=int, default=1, help='sentences in each request (1: {"text": ...})')
     p.add_argument("--repeats", type=int, default=1, help="runs of everything, taking turns; medians printed")
     return p.parse_args(argv)
@@ -55,10 +56,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 class Server:
     """`translate serve` in a subprocess on a free port of 127.0.0.1."""
 
-    def __init__(self, checkpoint: str, window: float) -> None:
+    def __init__(self, checkpoint: str, window: float, workers: int = 0) -> None:
         command = [sys.executable, "-m", "translate", "serve", checkpoint, "--port", "0"]
         self.proc = subprocess.Popen(
-            [*command, "--batch-window-ms", str(window), "--device", "cpu"],
+            [*command, "--batch-window-ms", str(window), "--device", "cpu", "--workers", str(workers)],
             stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -123,9 +124,10 @@ def main(argv: list[str] | None = None) -> None:
     print(describe_machine())
     print(
         f"{len(sentences)} sentences of {src}, {args.per_request} per request; beam {search.beam_size}, "
-        f"batch window {args.batch_window_ms:g} ms; medians of {args.repeats} repeat(s)"
+        f"batch window {args.batch_window_ms:g} ms, server workers {args.workers or 'default'}; "
+        f"medians of {args.repeats} repeat(s)"
     )
-    server = Server(args.checkpoint, args.batch_window_ms)
+    server = Server(args.checkpoint, args.batch_window_ms, args.workers)
     try:
         run_clients(server.port, sentences[:4], 1)  # warm up
         decode_s: list[float] = []

@@ -20,7 +20,9 @@ score an open hypothesis can still reach), then the two loops `greedy_search` an
 (both under torch.inference_mode; beam_size 1 is greedy). An ensemble averages the models'
 probabilities at every step. Finished sentences leave the batch (beam search: at once; greedy:
 once a quarter of its rows has finished): their rows of the decoder state are dropped, so a
-long sentence does not slow the others down.
+long sentence does not slow the others down. The beam loop is a `BeamSearch` object that new
+sentences may also join between steps (continuous batching, for `translate serve`): they start
+at position 0 beside sentences already under way (see Transformer.join_state).
 """
 
 from __future__ import annotations

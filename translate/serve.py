@@ -6,11 +6,12 @@
     GET  /health     -> {"status": "ok", ...}
 
 Requests are parsed and checked on the event loop, then queued for the `Batcher`'s decoding
-threads (--workers, two on a CPU with 2+ threads, each on its share of them). An idle thread waits
-a short window (--batch-window-ms) for more requests, takes what has arrived (its share when the
-other threads are idle too), groups it by search options and decodes each group with
-`decoding.translate_lines`, the batched search of `translate decode`, so concurrent requests share
-batches; the threads' rounds overlap. The queue is bounded in sentences:
+threads (--workers, two on a CPU with 2+ threads, each on its share of them). Each thread batches
+continuously: its sentences of one set of search options are one running beam search
+(`search.BeamSearch`, the search of `translate decode`), queued sentences join it between two
+steps (its share of the work, at most --max-batch in flight), and each sentence leaves it as soon
+as it is done, its request answered once all of its sentences are. An idle thread waits a short
+window (--batch-window-ms) for more requests before it starts. The queue is bounded in sentences:
 past --max-queue a request gets 503 at once; a body over --max-request-bytes or more than
 --max-texts sentences gets 413, a malformed one 400, each with one line of JSON
 `{"error": "..."}`, and none of them touches the requests already queued. SIGTERM (or Ctrl-C)
