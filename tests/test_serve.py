@@ -108,6 +108,22 @@ def test_concurrent_requests_all_answered_as_decode_does(server, decoded):
     assert status == 200 and json.loads(body)["status"] == "ok"
 
 
+def test_concurrent_requests_with_other_options_get_what_decode_gives_them(server, decoded, checkpoint, tmp_path):
+    """Requests of several search options at once, each joining its own running search (greedy
+    ones decoded at once): every answer is `translate decode`'s with the same --beam."""
+    src = tmp_path / "test.en"
+    src.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    expected = {None: decoded}
+    for beam in (1, 2):
+        out = run_cli("decode", checkpoint, "-i", src, "--beam", str(beam)).stdout.splitlines()
+        expected[beam] = dict(zip(SENTENCES, out, strict=True))
+    asks = [(SENTENCES[i % len(SENTENCES)], (None, 1, 2)[i % 3]) for i in range(90)]
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda a: server.post({"text": a[0]} | ({"beam_size": a[1]} if a[1] else {})), asks))
+    assert all(status == 200 for status, _ in answers), answers
+    assert [json.loads(body)["translation"] for _, body in answers] == [expected[beam][s] for s, beam in asks]
+
+
 def test_texts_keep_their_order_and_nbest_gives_lists(server, decoded):
     texts = SENTENCES[:5] + [""]
     status, body = server.post({"texts": texts})

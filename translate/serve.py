@@ -158,45 +158,54 @@ class Batcher:
         torch.set_num_threads(self.intra_op)  # this thread's share (torch's setting is per thread)
         searches: dict[SearchOptions, object] = {}  # the running BeamSearch of each search options
         while (jobs := self._take(me)) is not None:
-            for job in jobs:
-                self._begin(me, job, searches)
+            self._begin(me, jobs, searches)
             for search in list(searches):
                 self._step(me, searches, search)
 
-    def _begin(self, me: int, job: Job, searches: dict) -> None:
-        """Encode a job's sentences and have them join the running search of its options (or
-        decode it at once: greedy, or no sentence to search)."""
+    def _begin(self, me: int, jobs: list[Job], searches: dict) -> None:
+        """Encode the jobs' sentences and have them join the running search of their options, those
+        of one options at once (or decode a job at once: greedy, or no sentence to search)."""
         import torch
 
         from translate.decoding import encode_sources, pad_batch, translate_lines
         from translate.protect import Protector
         from translate.search import BeamSearch, Ensemble, max_output_lengths
 
-        try:
-            if job.search.beam_size == 1:
-                translations = list(
-                    translate_lines(
-                        self.models, self.tokenizer, job.texts, job.search, batch_tokens=self.batch_tokens, workers=1,
-                        protect=self.protect,
-                    )
-                )  # fmt: skip
-                return self._answer(me, job, translations)
-            job.protector = Protector(self.protect, self.tokenizer)
-            sources = encode_sources(self.tokenizer, list(job.protector.mask_lines(job.texts)), self.max_pieces)
+        joining: dict[SearchOptions, list] = {}  # options -> [(job, its sources, their indices)]
+        for job in jobs:
+            try:
+                if job.search.beam_size == 1:
+                    translations = list(
+                        translate_lines(
+                            self.models, self.tokenizer, job.texts, job.search, batch_tokens=self.batch_tokens,
+                            workers=1, protect=self.protect,
+                        )
+                    )  # fmt: skip
+                    self._answer(me, job, translations)
+                    continue
+                job.protector = Protector(self.protect, self.tokenizer)
+                sources = encode_sources(self.tokenizer, list(job.protector.mask_lines(job.texts)), self.max_pieces)
+            except Exception as e:  # the request gets a 500 with the reason; the server goes on
+                self._fail(me, [job], e)
+                continue
             job.results = [[("", 0.0)] * job.search.nbest for _ in sources]
             todo = [i for i, ids in enumerate(sources) if ids is not None]
             job.left = len(todo)
-            if not todo:
-                return self._answer(me, job, job.results)
-            src = pad_batch([sources[i] for i in todo], next(self.models[0].parameters()).device)
-            o = job.search
-            if o not in searches:
-                searches[o] = BeamSearch(Ensemble(self.models), o.beam_size, o.length_penalty, o.nbest)
-            with torch.inference_mode():
-                max_lens = max_output_lengths(src, o.max_len_a, o.max_len_b)
-            searches[o].add(src, max_lens, [(job, i) for i in todo])
-        except Exception as e:  # the request gets a 500 with the reason; the server goes on
-            self._fail(me, [job], e)
+            if todo:
+                joining.setdefault(job.search, []).append((job, [sources[i] for i in todo], todo))
+            else:
+                self._answer(me, job, job.results)
+        for o, group in joining.items():
+            try:
+                rows = [ids for _, sources, _ in group for ids in sources]
+                src = pad_batch(rows, next(self.models[0].parameters()).device)
+                if o not in searches:
+                    searches[o] = BeamSearch(Ensemble(self.models), o.beam_size, o.length_penalty, o.nbest)
+                with torch.inference_mode():
+                    max_lens = max_output_lengths(src, o.max_len_a, o.max_len_b)
+                searches[o].add(src, max_lens, [(job, i) for job, _, todo in group for i in todo])
+            except Exception as e:  # these requests get a 500 with the reason; the server goes on
+                self._fail(me, [job for job, _, _ in group], e)
 
     def _step(self, me: int, searches: dict, options: SearchOptions) -> None:
         """One step of the search of these options; the sentences done go to their requests."""
