@@ -276,7 +276,9 @@ def serve(
     batch_window_ms: Annotated[
         float, typer.Option("--batch-window-ms", help="How long a batch waits for more requests.")
     ] = 5.0,
-    max_batch: Annotated[int, typer.Option("--max-batch", help="Most sentences a decoding thread searches at once.")] = 256,
+    max_batch: Annotated[
+        int, typer.Option("--max-batch", help="Most sentences a decoding thread searches at once.")
+    ] = 256,
     max_queue: Annotated[int, typer.Option("--max-queue", help="Sentences waiting; past it: 503.")] = 1024,
     max_texts: Annotated[int, typer.Option("--max-texts", help="Sentences in one request; past it: 413.")] = 256,
     max_request_bytes: Annotated[int, typer.Option("--max-request-bytes", help="Body size; past it: 413.")] = 1 << 20,
