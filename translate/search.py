@@ -22,7 +22,9 @@ probabilities at every step. Finished sentences leave the batch (beam search: at
 once a quarter of its rows has finished): their rows of the decoder state are dropped, so a
 long sentence does not slow the others down. The beam loop is a `BeamSearch` object that new
 sentences may also join between steps (continuous batching, for `translate serve`): they start
-at position 0 beside sentences already under way (see Transformer.join_state).
+at position 0 beside sentences already under way (see Transformer.join_state). About 460
+lines: the pieces above and the two loops that use them, kept together so that the search can
+be read in one place.
 """
 
 from __future__ import annotations

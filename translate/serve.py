@@ -17,6 +17,9 @@ past --max-queue a request gets 503 at once; a body over --max-request-bytes or 
 `{"error": "..."}`, and none of them touches the requests already queued. SIGTERM (or Ctrl-C)
 stops accepting connections, answers every request already accepted, and exits 0 (130 for Ctrl-C).
 Each request is logged with its size and latency; its text only with --log-text.
+
+About 480 lines: the request checks, the batcher and the HTTP application are one server and
+change together; each piece is small and tested through a real socket (tests/test_serve.py).
 """
 
 from __future__ import annotations
