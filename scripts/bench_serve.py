@@ -13,7 +13,9 @@ the checkpoint's options, over the same sentences in this process (the model loa
 the server's is), with the server idle. Every server answer is checked against it. A second
 baseline runs the same search over the sentences in consecutive rounds of C (the most clients)
 in input order: what a server whose C clients each have one sentence in flight could feed it at
-best, with no HTTP, no waiting and no overlap of rounds. The last line is the server's
+best, with no HTTP, no waiting and no overlap of rounds. A third feeds it rounds of C sentences
+that end at about the same step (grouped by the length of their translation): about the best a
+batch of C sentences refilled as they finish (the server's continuous batching) can do. The last line is the server's
 sentences/s at the most clients as a share of both. On a machine
 busy with other work the figures are noisy: run with --repeats 3 (medians are printed).
 """
@@ -132,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
         run_clients(server.port, sentences[:4], 1)  # warm up
         decode_s: list[float] = []
         rounds_s: list[float] = []
+        ending_s: list[float] = []
         runs: dict[int, list[tuple[float, list[float]]]] = {c: [] for c in clients}
         same = []
         for _ in range(args.repeats):
@@ -152,6 +155,16 @@ def main(argv: list[str] | None = None) -> None:
                     )
                 )
             rounds_s.append(time.perf_counter() - start)
+            # rounds whose sentences end together (grouped by the length of their translation):
+            # about what a continuously refilled batch of that many sentences can reach at best
+            out_lens = [len(ids) for ids in tokenizer.encode(expected)]
+            order = sorted(range(len(sentences)), key=lambda i: out_lens[i])
+            size = clients[-1] * args.per_request
+            start = time.perf_counter()
+            for i in range(0, len(sentences), size):
+                group = [sentences[j] for j in order[i : i + size]]
+                list(translate_lines(models, tokenizer, group, search, batch_tokens=batch_tokens))
+            ending_s.append(time.perf_counter() - start)
             for c in clients:
                 seconds, latencies, got = run_clients(server.port, sentences, c, args.per_request)
                 runs[c].append((seconds, latencies))
@@ -163,6 +176,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'translate decode':<22} {decode_rate:>9.1f} {'':>9} {'':>9}")
     rounds_rate = len(sentences) / statistics.median(rounds_s)
     print(f"{f'decode, rounds of {clients[-1] * args.per_request}':<22} {rounds_rate:>9.1f} {'':>9} {'':>9}")
+    ending_rate = len(sentences) / statistics.median(ending_s)
+    print(f"{'  ... ending together':<22} {ending_rate:>9.1f} {'':>9} {'':>9}")
     rate = 0.0
     for c in clients:
         rate = len(sentences) / statistics.median(s for s, _ in runs[c])
@@ -172,7 +187,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"outputs equal to decode's: {100 * min(same):.1f}%")
     print(
         f"serve at {clients[-1]} clients / decode: {100 * rate / decode_rate:.0f}% of decode's sentences/s, "
-        f"{100 * rate / rounds_rate:.0f}% of decode's in rounds of {clients[-1] * args.per_request} sentences"
+        f"{100 * rate / rounds_rate:.0f}% of decode's in rounds of {clients[-1] * args.per_request} sentences, "
+        f"{100 * rate / ending_rate:.0f}% of its rounds of sentences that end together"
     )
 
 
