@@ -90,15 +90,16 @@ def real_tokens(batch: Batch) -> tuple[int, int]:
 
 
 class Timed:
-    """One trainer under test: a name, a step function, the windows it took."""
+    """One trainer under test: a name, a step function, its batches (as it pads them), the windows it took."""
 
-    def __init__(self, name: str, step, flops_model: Transformer) -> None:
-        self.name, self.step, self.flops_model = name, step, flops_model
+    def __init__(self, name: str, step, flops_model: Transformer, batches: list[Batch]) -> None:
+        self.name, self.step, self.flops_model, self.batches = name, step, flops_model, batches
         self.tok_s: list[float] = []
         self.tgt_s: list[float] = []
         self.flop_s: list[float] = []
 
-    def window(self, batches: list[Batch]) -> None:
+    def window(self, start: int, stop: int) -> None:
+        batches = self.batches[start:stop]
         tokens = sum(sum(real_tokens(b)) for b in batches)
         targets = sum(b.ntokens for b in batches)
         flops = sum(model_flops(self.flops_model, b) for b in batches)
@@ -138,7 +139,7 @@ def bf16_loss(cfg: Config, steps: int) -> None:
         trainer = Trainer(c, resume=True)
         batches = trainer.epoch_batches(0)
         for i in range(steps):
-            trainer._update([collate(trainer.train_data, batches[i % len(batches)])], 0)
+            trainer._update([collate(trainer.train_data, batches[i % len(batches)], c.train.pad_to_multiple)], 0)
         losses[amp] = trainer.validate()["loss"]
         trainer._close()
         print(f"{amp}: valid loss after {steps} updates {losses[amp]:.4f}", flush=True)
@@ -181,24 +182,25 @@ def main() -> None:
     index_batches = first.epoch_batches(0)
     pad = padding_fraction(index_batches, first.train_data.src_lens, first.train_data.tgt_lens)
     need = args.warmup + args.window * args.windows
-    batches = [collate(first.train_data, b) for b in index_batches[:need]]
-    contenders = [Timed(f"translate {p}", ours(t), t.model) for p, t in trainers.items()]
+    # translate pads lengths to train.pad_to_multiple as its trainer does; the reference gets them as they come
+    padded = [collate(first.train_data, b, cfg.train.pad_to_multiple) for b in index_batches[:need]]
+    contenders = [Timed(f"translate {p}", ours(t), t.model, padded) for p, t in trainers.items()]
     if args.vs_reference:
         torch.manual_seed(cfg.seed)
         ref = ReferenceTrainer(cfg, first.tokenizer.vocab_size)
-        contenders.append(Timed("reference nn.Transformer fp32", ref.step, first.model))
+        plain = [collate(first.train_data, b) for b in index_batches[:need]]
+        contenders.append(Timed("reference nn.Transformer fp32", ref.step, first.model, plain))
 
     peak32 = matmul_peak(torch.float32, device)
     peak16 = matmul_peak(torch.bfloat16, device) if native else None
     for c in contenders:
-        for b in batches[: args.warmup]:
+        for b in c.batches[: args.warmup]:
             c.step(b)
-    timed = batches[args.warmup :]
     for w in range(args.windows):
-        window = timed[w * args.window : (w + 1) * args.window]
+        start = args.warmup + w * args.window
         order = contenders if w % 2 == 0 else contenders[::-1]
         for c in order:
-            c.window(window)
+            c.window(start, start + args.window)
         print(
             f"window {w + 1}/{args.windows}: " + ", ".join(f"{c.name} {c.tok_s[-1]:,.0f} tok/s" for c in contenders),
             flush=True,
@@ -211,6 +213,11 @@ def main() -> None:
         f"model: {sum(p.numel() for p in first.model.parameters()):,} parameters; batches of train.max_tokens={cfg.train.max_tokens}; threads {torch.get_num_threads()}"
     )
     print(f"padding: {pad:.2%} of source + target positions in the epoch's {len(index_batches)} batches")
+    positions = sum(b.src.numel() + b.tgt_out.numel() for b in padded)
+    print(
+        f"translate's timed batches, lengths padded to a multiple of {cfg.train.pad_to_multiple}: "
+        f"{1 - sum(sum(real_tokens(b)) for b in padded) / positions:.2%} padding"
+    )
     bf16_peak = f"bf16 {peak16 / 1e9:,.0f} GFLOP/s" if peak16 else "bf16 not native here (no bf16 peak)"
     print(f"matmul peak (torch.mm on {device}, median): fp32 {peak32 / 1e9:,.0f} GFLOP/s, {bf16_peak}")
     mfu16 = f" {'MFU bf16':>9}" if peak16 else ""

@@ -5,6 +5,7 @@ import signal
 
 import numpy as np
 import pytest
+import torch
 from conftest import tiny_config
 
 from translate import prepare as prepare_module
@@ -167,6 +168,24 @@ def test_token_data_round_trip_and_collate(tmp_path):
     assert batch.tgt_in.tolist() == [[BOS, 11, 12, PAD, PAD], [BOS, 13, 14, 15, 16]]
     assert batch.tgt_out.tolist() == [[11, 12, EOS, PAD, PAD], [13, 14, 15, 16, EOS]]
     assert batch.ntokens == 3 + 5
+
+
+def test_collate_pads_to_a_multiple_and_projects_rows_in_multiples(tmp_path):
+    src, tgt = [[5, 6, 7], [8]], [[11, 12], [13, 14, 15, 16, 17, 18]]
+    write_token_data(tmp_path / "s", src, 100)
+    write_token_data(tmp_path / "t", tgt, 100)
+    data = SplitData(TokenData(tmp_path / "s"), TokenData(tmp_path / "t"))
+    plain, padded = collate(data, np.array([0, 1])), collate(data, np.array([0, 1]), pad_to_multiple=4)
+    assert padded.src.shape == (2, 4) and padded.tgt_in.shape == padded.tgt_out.shape == (2, 8)
+    for a, b in [(plain.src, padded.src), (plain.tgt_in, padded.tgt_in), (plain.tgt_out, padded.tgt_out)]:
+        assert torch.equal(b[:, : a.size(1)], a) and bool((b[:, a.size(1) :] == PAD).all())  # only padding added
+    assert padded.ntokens == plain.ntokens == 3 + 7
+    keep = padded.projected()
+    assert torch.equal(keep, padded.tgt_out != PAD)
+    rounded = padded.projected(8)  # 10 real positions -> 16: the 10, then the first 6 padding ones
+    assert int(rounded.sum()) == 16 and bool(rounded[keep].all())
+    assert int(padded.projected(64).sum()) == 16  # no more positions than the batch has
+    assert torch.equal(padded.projected(5), keep)  # 10 is a multiple of 5 already
 
 
 def test_writers_append_chunks_to_one_array(tmp_path):

@@ -14,7 +14,7 @@ from conftest import run_cli, run_main, tiny_config
 from translate import hardware
 from translate.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, load_model, step_checkpoints
 from translate.config import config_from_dict, load_config
-from translate.data import collate
+from translate.data import collate, round_up
 from translate.errors import UserError
 from translate.train import Trainer, lr_lambda
 
@@ -53,6 +53,28 @@ def test_accumulating_two_batches_equals_one_batch_of_both(tmp_path):
     b._update([collate(b.train_data, np.concatenate(batches))], 0)
     for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters()):
         torch.testing.assert_close(pa, pb, atol=1e-6, rtol=1e-5, msg=name)
+    for t in (a, b):
+        t._close()
+
+
+def test_padding_to_a_multiple_changes_neither_loss_nor_gradient(tmp_path):
+    """train.pad_to_multiple only adds padding: lengths rounded up, and the extra projected rows count for nothing."""
+    runs = {}
+    for pad in (1, 8):
+        t = Trainer(cfg_for(tmp_path, f"p{pad}", model={"dropout": 0.0}, pad_to_multiple=pad), resume=False)
+        if runs:
+            t.model.load_state_dict(runs[1][0].model.state_dict())
+        batch = collate(t.train_data, t.epoch_batches(0)[0], pad)
+        loss, nll = t._forward_loss(batch)
+        loss.backward()
+        runs[pad] = (t, batch, loss.detach(), nll, [p.grad.clone() for p in t.model.parameters()])
+    (a, ba, la, na, ga), (b, bb, lb, nb, gb) = runs[1], runs[8]
+    assert bb.src.size(1) == round_up(ba.src.size(1), 8) and bb.tgt_in.size(1) == round_up(ba.tgt_in.size(1), 8)
+    assert int(bb.projected(64).sum()) == min(round_up(bb.ntokens, 64), bb.tgt_out.numel())
+    torch.testing.assert_close(lb, la, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(nb, na, rtol=1e-5, atol=1e-4)
+    for g1, g8 in zip(ga, gb):
+        torch.testing.assert_close(g8, g1, rtol=1e-4, atol=1e-6)
     for t in (a, b):
         t._close()
 

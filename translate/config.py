@@ -79,7 +79,10 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    max_tokens: int = 4096  # per batch per device, padding included
+    max_tokens: int = 4096  # per batch per device, padding included (before the rounding of pad_to_multiple)
+    # Batch lengths (source, target) padded up to a multiple of this, and on a CPU the rows of the output
+    # projection (to 8x it): fewer distinct matrix shapes, so that host memory stays flat (1: lengths as they come)
+    pad_to_multiple: int = 8
     accumulate: int = 1
     max_steps: int = 20000  # optimizer updates
     max_epochs: Optional[int] = None
@@ -334,6 +337,7 @@ def _rules(cfg: Config) -> list[tuple[bool, str]]:
         (t.average_last is None or t.average_last >= 2, "train.average_last must be at least 2"),
         (t.max_bad_steps >= 1, "train.max_bad_steps must be at least 1"),
         (t.threads is None or t.threads >= 1, "train.threads must be at least 1"),
+        (t.pad_to_multiple >= 1, "train.pad_to_multiple must be at least 1"),
         (v.size >= 8, f"vocab.size must be at least 8, got {v.size}"),
         (0 < v.character_coverage <= 1, "vocab.character_coverage must be in (0, 1]"),
         (v.sample_size >= 1, "vocab.sample_size must be at least 1"),

@@ -132,11 +132,36 @@ class Batch:
             self.ntokens,
         )
 
+    def projected(self, multiple: int = 1) -> torch.Tensor:
+        """(B, T) bool: the target positions whose logits the loss needs (the non-pad ones), and after
+        them as many padding positions as make the count a multiple of `multiple` (where the batch
+        has that many): the loss counts padding for nothing, and the output projection sees fewer
+        distinct row counts."""
+        keep = self.tgt_out != PAD
+        extra = -self.ntokens % multiple
+        if extra:
+            flat = keep.view(-1)
+            flat[(~flat).nonzero().squeeze(1)[:extra]] = True
+        return keep
 
-def collate(data: SplitData, indices: np.ndarray) -> Batch:
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def collate(data: SplitData, indices: np.ndarray, pad_to_multiple: int = 1) -> Batch:
+    """The sentences `indices` as padded tensors, each side's length rounded up to a multiple of
+    `pad_to_multiple`.
+
+    Batches of a few lengths give the matrix products a few shapes: on a CPU in bf16 every new
+    shape makes oneDNN build its kernels and buffers again, and the heap fragments on the ever new
+    sizes (host memory grew by half over 1,000 updates of the default run with lengths as they
+    come; docs/experiments.md, "Host memory over a run")."""
     srcs = [data.src[int(i)] for i in indices]
     tgts = [data.tgt[int(i)] for i in indices]
-    B, S, T = len(indices), max(len(s) for s in srcs) + 1, max(len(t) for t in tgts) + 1
+    B = len(indices)
+    S = round_up(max(len(s) for s in srcs) + 1, pad_to_multiple)
+    T = round_up(max(len(t) for t in tgts) + 1, pad_to_multiple)
     src = np.full((B, S), PAD, dtype=np.int64)
     tgt_in = np.full((B, T), PAD, dtype=np.int64)
     tgt_out = np.full((B, T), PAD, dtype=np.int64)

@@ -263,7 +263,10 @@ class Trainer:
     # ------------------------------------------------------------------------ one update
 
     def _forward_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        keep = batch.tgt_out != PAD if self.device.type == "cpu" else None
+        # On a CPU only the non-pad positions are projected onto the vocabulary (their count rounded up
+        # to 8x train.pad_to_multiple, as the lengths are: fewer distinct shapes, flat host memory)
+        pad = self.cfg.train.pad_to_multiple
+        keep = batch.projected(8 * pad if pad > 1 else 1) if self.device.type == "cpu" else None
         with torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
             logits = self.net(batch.src, batch.tgt_in, keep)
         target = batch.tgt_out[keep] if keep is not None else batch.tgt_out
@@ -324,7 +327,7 @@ class Trainer:
         )
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)
         for idx in batches[self.rank :: self.world]:
-            batch = collate(self.valid_data, idx).to(self.device)
+            batch = collate(self.valid_data, idx, self.cfg.train.pad_to_multiple).to(self.device)
             with torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
                 logits = self.model(batch.src, batch.tgt_in)
             loss, nll, n = label_smoothed_nll_loss(logits, batch.tgt_out, self.cfg.train.label_smoothing, PAD)
@@ -504,7 +507,8 @@ class Trainer:
         mine = [batches[p.position + k * self.world + self.rank] for k in range(t.accumulate)]
         p.position += per_update
         start = time.perf_counter()
-        sums, finite, stop = self._update([collate(self.train_data, b) for b in mine], stopper.signum or 0)
+        pad = t.pad_to_multiple
+        sums, finite, stop = self._update([collate(self.train_data, b, pad) for b in mine], stopper.signum or 0)
         self.clock["updates"] += time.perf_counter() - start
         if not finite:
             p.skipped += 1

@@ -1,0 +1,130 @@
+"""Host memory of the training process over a run: each variant's resident memory at update 100 and later.
+
+    python scripts/bench_memory.py                          # configs/bible.yaml, 1,000 updates
+    python scripts/bench_memory.py --steps 300 --variant amp=off:train.amp=off
+
+It trains CONFIG (default configs/bible.yaml, the default run) from scratch once per variant, the
+variants side by side (one `translate train` process each, `--threads` intra-op threads each), so
+that their speeds are comparable with each other. The default variants are the config as it is
+and the same with `train.pad_to_multiple=1` (batch shapes as they come). Each run logs its
+resident memory every `train.log_every` updates (`host memory` in train.log); the script reads
+those lines and prints, per variant: the memory at update 100, the highest after it, the growth
+over the value at 100, the value at the last update, and the median target tokens/s of the logging
+windows. The validation of the config (`train.eval_every`) runs as in a real run.
+
+Runs go to a temporary directory (the prepared data of the config's run directory is copied in
+when it exists, so the corpus is not prepared again) and are removed afterwards (`--keep` keeps them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from translate.config import load_config  # noqa: E402
+from translate.hardware import describe_machine  # noqa: E402
+
+LINE = re.compile(r"step (\d+) .* tokens/s (\d+) host memory (\d+) MiB")
+
+
+def parse_log(path: Path) -> list[tuple[int, int, int]]:
+    """(step, tokens/s, MiB) of each logging line of a train.log."""
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        m = LINE.search(line)
+        if m:
+            rows.append(tuple(int(g) for g in m.groups()))
+    return rows
+
+
+def summary(name: str, rows: list[tuple[int, int, int]], base_step: int) -> str:
+    at = {step: mib for step, _, mib in rows}
+    if base_step not in at:
+        return f"{name}: no memory logged at update {base_step} (log_every must divide it)"
+    later = [mib for step, _, mib in rows if step > base_step]
+    high, last = max(later, default=at[base_step]), rows[-1]
+    speed = statistics.median(tok for _, tok, _ in rows[1:]) if len(rows) > 1 else float("nan")
+    return (
+        f"{name:<24} {at[base_step]:>8,} {high:>9,} {high / at[base_step] - 1:>+8.0%} "
+        f"{last[2]:>9,} (update {last[0]:,}) {speed:>9,.0f}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="configs/bible.yaml")
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--threads", type=int, default=1, help="intra-op threads of each run (they run side by side)")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+        help="a run with these --set overrides (repeatable; default: the config, and train.pad_to_multiple=1)",
+    )
+    ap.add_argument("--keep", action="store_true", help="keep the runs' directories")
+    args = ap.parse_args()
+
+    variants = args.variant or ["as configured:", "pad_to_multiple 1:train.pad_to_multiple=1"]
+    cfg = load_config(args.config, [])
+    translate = Path(sys.executable).with_name("translate")
+    command = [str(translate)] if translate.exists() else [sys.executable, "-m", "translate"]
+    work = Path(tempfile.mkdtemp(prefix="bench_memory_"))
+    print(describe_machine())
+    print(f"{args.config}, {args.steps:,} updates, {len(variants)} runs side by side, {args.threads} thread(s) each")
+    try:
+        procs = []
+        for i, variant in enumerate(variants):
+            name, _, sets = variant.partition(":")
+            run = work / f"run{i}"
+            if (cfg.run_path / "data" / "meta.json").exists():  # the prepared corpus, as prepare left it
+                run.mkdir(parents=True)
+                for item in ("data", "spm.model", "spm.vocab", "prepare.log"):
+                    src = cfg.run_path / item
+                    if src.is_dir():
+                        shutil.copytree(src, run / item)
+                    elif src.exists():
+                        shutil.copy2(src, run / item)
+            overrides = [
+                f"run_dir={work}",
+                f"name=run{i}",
+                f"train.max_steps={args.steps}",
+                f"train.threads={args.threads}",
+                "train.max_time=null",
+                f"train.save_every={args.steps}",
+                *[s for s in sets.split(",") if s],
+            ]
+            cmd = [*command, "train", "--config", args.config, *[x for o in overrides for x in ("--set", o)]]
+            log = open(work / f"run{i}.out", "w")  # noqa: SIM115 (closed with the process)
+            procs.append((name, run, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ), log))
+        failed = False
+        for name, run, proc, log in procs:
+            proc.wait()
+            log.close()
+            if proc.returncode != 0:
+                failed = True
+                tail = (work / f"{run.name}.out").read_text(encoding="utf-8", errors="replace")[-800:]
+                print(f"{name}: translate train exited {proc.returncode}:\n{tail}", file=sys.stderr)
+        print(f"\n{'run':<24} {'MiB@100':>8} {'max after':>9} {'growth':>8} {'last':>9} {'':>14} {'tok/s':>9}")
+        for name, run, _, _ in procs:
+            log_path = run / "train.log"
+            print(summary(name, parse_log(log_path), 100) if log_path.exists() else f"{name}: no train.log")
+        if failed:
+            sys.exit(1)
+    finally:
+        if args.keep:
+            print(f"runs kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
