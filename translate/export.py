@@ -39,6 +39,7 @@ from translate.checkpoint import checkpoint_config, load_checkpoint
 from translate.config import Config
 from translate.errors import UserError
 from translate.model import Transformer
+from translate.textio import UMASK
 from translate.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 
 TARGETS = ("ctranslate2", "huggingface")
@@ -97,18 +98,12 @@ def export(
             write_huggingface(model, tokenizer, cfg, tmp)
         (tmp / "translate_config.yaml").write_text(yaml.safe_dump(ckpt["config"], sort_keys=False), encoding="utf-8")
         (tmp / "README.md").write_text(readme(to, out_dir, checkpoint, ckpt, cfg, quantize), encoding="utf-8")
-        os.chmod(tmp, 0o777 & ~_umask())
+        os.chmod(tmp, 0o777 & ~UMASK)
         replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def replace_dir(new: Path, target: Path) -> None:
