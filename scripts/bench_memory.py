@@ -2,6 +2,7 @@
 
     python scripts/bench_memory.py                          # configs/bible.yaml, 1,000 updates
     python scripts/bench_memory.py --steps 300 --variant amp=off:train.amp=off
+    python scripts/bench_memory.py --variant "cache 64:" --variant "cache 1024:ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024"
 
 It trains CONFIG (default configs/bible.yaml, the default run) from scratch once per variant, the
 variants side by side (one `translate train` process each, `--threads` intra-op threads each), so
@@ -68,7 +69,8 @@ def main() -> None:
         "--variant",
         action="append",
         metavar="NAME:KEY=VALUE[,KEY=VALUE]",
-        help="a run with these --set overrides (repeatable; default: the config, and train.pad_to_multiple=1)",
+        help="a run with these --set overrides, or environment variables where KEY is upper case "
+        "(repeatable; default: the config, and train.pad_to_multiple=1)",
     )
     ap.add_argument("--keep", action="store_true", help="keep the runs' directories")
     args = ap.parse_args()
@@ -93,6 +95,8 @@ def main() -> None:
                         shutil.copytree(src, run / item)
                     elif src.exists():
                         shutil.copy2(src, run / item)
+            settings = [x for x in sets.split(",") if x]
+            env = {**os.environ, **dict(x.split("=", 1) for x in settings if x.split("=", 1)[0].isupper())}
             overrides = [
                 f"run_dir={work}",
                 f"name=run{i}",
@@ -100,11 +104,11 @@ def main() -> None:
                 f"train.threads={args.threads}",
                 "train.max_time=null",
                 f"train.save_every={args.steps}",
-                *[s for s in sets.split(",") if s],
+                *[x for x in settings if not x.split("=", 1)[0].isupper()],
             ]
             cmd = [*command, "train", "--config", args.config, *[x for o in overrides for x in ("--set", o)]]
             log = open(work / f"run{i}.out", "w")  # noqa: SIM115 (closed with the process)
-            procs.append((name, run, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ), log))
+            procs.append((name, run, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
         failed = False
         for name, run, proc, log in procs:
             proc.wait()

@@ -94,6 +94,22 @@ def test_batches_respect_budget_and_cover_everything_once():
         assert len(b) == 1 or len(b) * max(src[b].max(), tgt[b].max()) <= 1000
 
 
+def test_batches_padded_to_a_multiple_fit_the_budget_padding_included_and_have_few_sizes():
+    src, tgt = random_lengths()
+    batches = token_batches(src, tgt, 1000, seed=3, epoch=0, pad_to_multiple=8)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(len(src)))
+    cost = -(-(np.maximum(src, tgt) + 1) // 8) * 8  # what collate pads a sentence to (+ EOS)
+    sizes = {}
+    for b in batches:
+        c = int(cost[b].max())
+        assert len(b) * c <= 1000  # the padded batch, not only its real tokens
+        sizes.setdefault(c, []).append(len(b))
+    for c, ns in sizes.items():  # one size per rounded length, but for the batch it shares with shorter ones
+        assert sum(n != 1000 // c for n in ns) <= 1, (c, ns)
+    plain = token_batches(src, tgt, 1000, seed=3, epoch=0)
+    assert len({len(b) for b in batches}) < len({len(b) for b in plain}) / 2
+
+
 def test_batches_are_deterministic_per_seed_and_epoch():
     src, tgt = random_lengths()
     a = token_batches(src, tgt, 1000, seed=3, epoch=1)

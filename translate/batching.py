@@ -56,13 +56,22 @@ def batch_starts(cost: np.ndarray, max_tokens: int) -> np.ndarray:
 
 
 def token_batches(
-    src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, seed: int = 0, epoch: int = 0, shuffle: bool = True
+    src_lens: np.ndarray,
+    tgt_lens: np.ndarray,
+    max_tokens: int,
+    seed: int = 0,
+    epoch: int = 0,
+    shuffle: bool = True,
+    pad_to_multiple: int = 1,
 ) -> list[np.ndarray]:
     """Group sentence indices into batches of at most `max_tokens` tokens, padding included.
 
     A batch of n sentences costs n * max(longest source, longest target). Sentences are sorted
     by length (`length_order`, ties broken at random from (seed, epoch)), packed greedily in that
     order, then the batches are shuffled. A sentence longer than `max_tokens` gets its own batch.
+    With `pad_to_multiple` > 1 a sentence costs its longer side plus EOS rounded up to a multiple
+    of it, as `collate` pads it: the sentences of one rounded length fill batches of the same size,
+    so that the epoch has a few batch shapes (data.collate says why that matters).
     Needs only the two (n,) length arrays; O(n) time.
     """
     src_lens, tgt_lens = np.asarray(src_lens), np.asarray(tgt_lens)
@@ -70,7 +79,12 @@ def token_batches(
         return []
     rng = np.random.default_rng([seed, epoch])
     order = length_order(src_lens, tgt_lens, rng if shuffle else None)
-    batches = np.split(order, batch_starts(np.maximum(src_lens, tgt_lens)[order], max_tokens)[1:])
+    cost = np.maximum(src_lens, tgt_lens)
+    if pad_to_multiple > 1:
+        cost = -(-(cost + 1) // pad_to_multiple) * pad_to_multiple
+        key = cost.astype(np.uint16) if cost.max() < 2**16 else cost  # 16 bits: a radix sort, O(n)
+        order = order[np.argsort(key[order], kind="stable")]  # by rounded cost, length order within
+    batches = np.split(order, batch_starts(cost[order], max_tokens)[1:])
     if shuffle:
         batches = [batches[j] for j in rng.permutation(len(batches))]
     return batches

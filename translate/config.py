@@ -79,9 +79,10 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    max_tokens: int = 4096  # per batch per device, padding included (before the rounding of pad_to_multiple)
-    # Batch lengths (source, target) padded up to a multiple of this, and on a CPU the rows of the output
-    # projection (to 8x it): fewer distinct matrix shapes, so that host memory stays flat (1: lengths as they come)
+    max_tokens: int = 4096  # per batch per device, padding included
+    # Batch lengths (source, target) padded up to a multiple of this, batches packed by those lengths, and on a
+    # CPU the rows of the output projection rounded to 8x it: a few distinct matrix shapes, so that host memory
+    # stays flat over a run (1: lengths as they come)
     pad_to_multiple: int = 8
     accumulate: int = 1
     max_steps: int = 20000  # optimizer updates

@@ -153,10 +153,11 @@ def collate(data: SplitData, indices: np.ndarray, pad_to_multiple: int = 1) -> B
     """The sentences `indices` as padded tensors, each side's length rounded up to a multiple of
     `pad_to_multiple`.
 
-    Batches of a few lengths give the matrix products a few shapes: on a CPU in bf16 every new
-    shape makes oneDNN build its kernels and buffers again, and the heap fragments on the ever new
-    sizes (host memory grew by half over 1,000 updates of the default run with lengths as they
-    come; docs/experiments.md, "Host memory over a run")."""
+    With batches packed by the same rounded lengths (batching.token_batches), the matrix products
+    see a few shapes: on a CPU in bf16 every new shape makes oneDNN build its kernels and buffers
+    again, and the heap fragments on the ever new sizes (host memory grew by half over 1,000
+    updates of the default run with lengths as they come; docs/experiments.md, "Host memory over
+    a run")."""
     srcs = [data.src[int(i)] for i in indices]
     tgts = [data.tgt[int(i)] for i in indices]
     B = len(indices)

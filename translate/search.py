@@ -285,16 +285,17 @@ def strip_eos(tokens: list[int]) -> list[int]:
 def greedy_search(
     models: Sequence[Any] | Any,
     src: torch.Tensor,
-    max_len_a: float = 1.2,
-    max_len_b: float = 10,
+    max_len_a: float,
+    max_len_b: float,
     length_penalty: float = 0.0,
     use_cache: bool = True,
 ) -> list[Hypothesis]:
     """The most probable next token at every step, for a batch src (B, S); one hypothesis each.
 
     A sentence is done as soon as it emits EOS or reaches its maximum length; its row leaves the
-    batch once a quarter of the rows is done (COMPACT_SHARE).
-    length_penalty (alpha) only rescales the reported score, as beam search would.
+    batch once a quarter of the rows is done (COMPACT_SHARE). The options' defaults are those of
+    config.SearchOptions (beam_search passes them); length_penalty (alpha) only rescales the
+    reported score, as beam search would.
     """
     B = src.size(0)
     if B == 0:

@@ -322,12 +322,12 @@ class Trainer:
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
         self.model.eval()
-        batches = token_batches(
-            self.valid_data.src_lens, self.valid_data.tgt_lens, self.cfg.train.max_tokens, shuffle=False
-        )
+        t = self.cfg.train
+        lens = self.valid_data.src_lens, self.valid_data.tgt_lens
+        batches = token_batches(*lens, t.max_tokens, shuffle=False, pad_to_multiple=t.pad_to_multiple)
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)
         for idx in batches[self.rank :: self.world]:
-            batch = collate(self.valid_data, idx, self.cfg.train.pad_to_multiple).to(self.device)
+            batch = collate(self.valid_data, idx, t.pad_to_multiple).to(self.device)
             with torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
                 logits = self.model(batch.src, batch.tgt_in)
             loss, nll, n = label_smoothed_nll_loss(logits, batch.tgt_out, self.cfg.train.label_smoothing, PAD)
@@ -448,7 +448,8 @@ class Trainer:
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         t = self.cfg.train
-        batches = token_batches(self.train_data.src_lens, self.train_data.tgt_lens, t.max_tokens, self.cfg.seed, epoch)
+        lens = self.train_data.src_lens, self.train_data.tgt_lens
+        batches = token_batches(*lens, t.max_tokens, self.cfg.seed, epoch, pad_to_multiple=t.pad_to_multiple)
         return batches[: len(batches) - len(batches) % self.world]
 
     def fit(self) -> dict[str, float]:
