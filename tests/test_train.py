@@ -12,9 +12,10 @@ import yaml
 from conftest import run_cli, run_main, tiny_config
 
 from translate import hardware
+from translate.batching import round_up
 from translate.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, load_model, step_checkpoints
 from translate.config import config_from_dict, load_config
-from translate.data import collate, round_up
+from translate.data import collate
 from translate.errors import UserError
 from translate.train import Trainer, lr_lambda
 

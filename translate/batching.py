@@ -10,6 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 
+def round_up(n, multiple: int):
+    """n (an int or an integer array) rounded up to a multiple of `multiple`."""
+    return -(-n // multiple) * multiple
+
+
 def length_order(src_lens: np.ndarray, tgt_lens: np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
     """Sentence indices sorted by the longer side, then by source minus target length (so that
     neighbours are alike on both sides), ties at random from `rng` (by index without one).
@@ -81,7 +86,7 @@ def token_batches(
     order = length_order(src_lens, tgt_lens, rng if shuffle else None)
     cost = np.maximum(src_lens, tgt_lens)
     if pad_to_multiple > 1:
-        cost = -(-(cost + 1) // pad_to_multiple) * pad_to_multiple
+        cost = round_up(cost + 1, pad_to_multiple)
         key = cost.astype(np.uint16) if cost.max() < 2**16 else cost  # 16 bits: a radix sort, O(n)
         order = order[np.argsort(key[order], kind="stable")]  # by rounded cost, length order within
     batches = np.split(order, batch_starts(cost[order], max_tokens)[1:])

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from translate.batching import round_up
 from translate.tokenizer import BOS, EOS, PAD
 
 WRITE_CHUNK = 10_000  # sequences converted to arrays at a time
@@ -143,10 +144,6 @@ class Batch:
             flat = keep.view(-1)
             flat[(~flat).nonzero().squeeze(1)[:extra]] = True
         return keep
-
-
-def round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 def collate(data: SplitData, indices: np.ndarray, pad_to_multiple: int = 1) -> Batch:
