@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from translate import model as model_module
 from translate import search
 from translate.config import ModelConfig, SearchOptions
 from translate.errors import UserError
@@ -350,10 +351,36 @@ def test_batch_equals_one_sentence_at_a_time(model, src, beam_size):
         assert_same(hyps, alone[0])
 
 
+def test_sources_cut_to_the_longest_left(model):
+    """When the sentence with the longest source leaves, the others' source keys/values are cut to
+    the longest left, and their next logits do not change."""
+    src = make_src([3, 7, 2])
+    tokens = torch.randint(4, VOCAB, (2, 6))
+    with torch.inference_mode():
+        state = model.init_state(*model.encode(src))
+        state = model.reorder_state(state, torch.arange(3).repeat_interleave(2), keep=torch.arange(3))
+        model.decode_step(tokens[0], state)
+        rows = torch.tensor([0, 1, 4, 5])  # sentence 1 (the longest) leaves
+        cut = model.reorder_state(state, rows, keep=torch.tensor([0, 2]))
+        assert cut.src_mask.size(-1) == 4 and all(c.mk.size(2) == 4 == c.mv.size(2) for c in cut.caches)
+        alone = model.init_state(*model.encode(src[[0, 2], :4]))
+        alone = model.reorder_state(alone, torch.arange(2).repeat_interleave(2), keep=torch.arange(2))
+        model.decode_step(tokens[0, rows], alone)
+        torch.testing.assert_close(
+            model.decode_step(tokens[1, :4], cut), model.decode_step(tokens[1, :4], alone), atol=1e-5, rtol=1e-5
+        )
+
+
 @pytest.mark.parametrize("ensemble", [1, 2])
-def test_sentences_joining_a_running_search_get_what_they_get_alone(model, ensemble):
+@pytest.mark.parametrize("merge_waste,max_groups", [(160, 4), (0, 100), (0, 2)])
+def test_sentences_joining_a_running_search_get_what_they_get_alone(
+    model, ensemble, merge_waste, max_groups, monkeypatch
+):
     """Continuous batching: sentences join between steps, whenever; each gets the n-best list
-    it gets searched alone, and the decoder state stays as long as its oldest sentence."""
+    it gets searched alone, and the decoder state stays as long as its oldest sentence, whether
+    the sentences that join go to the youngest group of rows, each to its own, or groups merge."""
+    monkeypatch.setattr(model_module, "GROUP_MERGE_WASTE", merge_waste)
+    monkeypatch.setattr(model_module, "MAX_GROUPS", max_groups)
     models = [model, tiny_model(seed=3)][:ensemble]
     src = make_src([3, 8, 5, 1, 7, 4, 9, 2, 6, 3], seed=2)
     max_lens = max_output_lengths(src, 1.0, 4)
@@ -364,13 +391,18 @@ def test_sentences_joining_a_running_search_get_what_they_get_alone(model, ensem
     search = BeamSearch(Ensemble(models), 3, 0.6, 2)
     joins = {0: [0, 1], 2: [2], 3: [3, 4, 5], 7: [6, 7], 20: [8], 21: [9]}  # step -> sentences that join before it
     results: dict[int, list[Hypothesis]] = {}
+    most_groups = 0
     for step in range(60):
         if step in joins:
             search.add(src[joins[step]], max_lens[joins[step]], joins[step])
         if search.keys:
             results.update(search.step())
-            assert search.ensemble.states[0].step <= int(max_lens.max())  # positions before the oldest dropped
+            state = search.ensemble.states[0]
+            assert state.span <= int(max_lens.max())  # positions before the oldest dropped
+            assert sum(g.rows for g in state.groups) == search.tokens.numel() and len(state.groups) <= max_groups
+            most_groups = max(most_groups, len(state.groups))
     assert sorted(results) == list(range(src.size(0)))
+    assert most_groups == 1 if merge_waste else most_groups >= 2  # the groups were exercised
     for i in range(src.size(0)):
         assert_same(results[i], alone[i][0])
 

@@ -62,10 +62,12 @@ class MultiHeadAttention(nn.Module):
         mask: torch.Tensor | None = None,
         is_causal: bool = False,
         need_weights: bool = False,
+        project: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """q (B, H, Lq, K), k/v (B, H, Lk, K), mask broadcastable to (B, H, Lq, Lk), True = may attend.
 
-        Returns the projected output (B, Lq, D) and, if asked, the weights (B, H, Lq, Lk).
+        Returns the output (B, Lq, D), projected by W_o unless project=False, and, if asked, the
+        weights (B, H, Lq, Lk).
         """
         B, _, Lq, _ = q.shape
         p = self.dropout if self.training else 0.0
@@ -90,7 +92,7 @@ class MultiHeadAttention(nn.Module):
             else:
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal)
         out = out.transpose(1, 2).reshape(B, Lq, self.n_heads * self.d_k)  # (B, Lq, D)
-        return self.W_o(out), weights
+        return (self.W_o(out) if project else out), weights
 
     def forward(
         self,
@@ -218,19 +220,25 @@ class DecoderLayer(nn.Module):
         return x, w_self, w_cross
 
     def step(
-        self, x: torch.Tensor, cache: LayerCache, src_mask: torch.Tensor, t: int, self_mask: torch.Tensor | None = None
+        self, x: torch.Tensor, cache: LayerCache, src_mask: torch.Tensor, groups: list[Rows], layer: int, masks: list
     ) -> torch.Tensor:
-        """Position t of every row. x (R, 1, D), R = N sentences x beams (a sentence's rows adjacent),
-        src_mask (N, 1, 1, S). The new keys/values join the cache; the source's are read per sentence.
-        self_mask (R, 1, 1, t+1): the cached positions each row may see (None: all)."""
+        """The next position of every row. x (R, 1, D), R = N sentences x beams (a sentence's rows
+        adjacent), src_mask (N, 1, 1, S). The rows come in `groups` (consecutive, see Rows), each with
+        its own self-attention keys/values, which the new ones join, and its mask of the positions
+        each row may see (None: all); the source's keys/values are read per sentence."""
         R, N = x.size(0), src_mask.size(0)
         attn, cross = self.self_attn, self.cross_attn
         h = self.sub_self.inp(x)
-        q = attn.split_heads(attn.W_q(h))  # (R, H, 1, K)
-        kv = cache.append(t, attn.W_k(h), attn.W_v(h))  # (t+1, 2, R, D)
-        k, v = (kv[:, i].view(t + 1, R, attn.n_heads, attn.d_k).permute(1, 2, 0, 3) for i in (0, 1))  # (R, H, t+1, K)
-        y, _ = attn.attend(q, k, v, self_mask)  # the new position sees every cached one (of its own sentence)
-        x = self.sub_self.out(x, y)
+        q, k_new, v_new = attn.split_heads(attn.W_q(h)), attn.W_k(h), attn.W_v(h)  # (R, H, 1, K), (R, 1, D) x2
+        parts, r = [], 0
+        for group, mask in zip(groups, masks, strict=True):
+            rows = slice(r, r + group.rows)
+            t = group.step
+            kv = group.append(layer, k_new[rows], v_new[rows])  # (t+1, 2, rows, D)
+            k, v = (kv[:, i].view(t + 1, group.rows, attn.n_heads, attn.d_k).permute(1, 2, 0, 3) for i in (0, 1))
+            parts.append(attn.attend(q[rows], k, v, mask, project=False)[0])  # every cached position of its sentence
+            r += group.rows
+        x = self.sub_self.out(x, attn.W_o(parts[0] if len(parts) == 1 else torch.cat(parts)))
         q = cross.W_q(self.sub_cross.inp(x)).view(N, R // N, cross.n_heads, cross.d_k)  # (N, beams, H, K)
         y, _ = cross.attend(q.transpose(1, 2), cache.mk, cache.mv, src_mask)  # (N, beams, D): one source per sentence
         x = self.sub_cross.out(x, y.view(R, 1, -1))
@@ -239,49 +247,117 @@ class DecoderLayer(nn.Module):
 
 @dataclass
 class LayerCache:
-    """One decoder layer's incremental-decoding cache.
+    """One decoder layer's cross-attention keys/values of the source, computed once, one row per sentence."""
 
-    The source's cross-attention keys/values are computed once and kept one row per sentence;
-    the self-attention keys/values of the positions decoded so far are kept time-major in a
-    buffer that grows by doubling, so a step writes one slice and a reorder is one index_select.
-    """
+    mk: torch.Tensor  # (N, H, S, K) keys
+    mv: torch.Tensor  # (N, H, S, K) values
 
-    mk: torch.Tensor  # (N, H, S, K) cross-attention keys of the source
-    mv: torch.Tensor  # (N, H, S, K) cross-attention values
-    kv: torch.Tensor | None = None  # (capacity, 2, R, D) self-attention keys [:, 0] and values [:, 1]
-
-    def append(self, t: int, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """k, v (R, 1, D) of position t -> keys/values of positions 0..t: (t+1, 2, R, D)."""
-        if self.kv is None or t == self.kv.size(0):
-            grown = k.new_empty(max(16, 2 * t), 2, k.size(0), k.size(2))
-            if t:
-                grown[:t] = self.kv[:t]
-            self.kv = grown
-        self.kv[t, 0] = k[:, 0]
-        self.kv[t, 1] = v[:, 0]
-        return self.kv[: t + 1]
-
-    def select(self, t: int, index: torch.Tensor, keep: torch.Tensor | None, first: int = 0) -> LayerCache:
-        """The cache of rows `index` (positions first..t-1, which become 0..t-first-1) and of
-        sentences `keep` (None: all)."""
-        mk, mv = (self.mk, self.mv) if keep is None else (self.mk.index_select(0, keep), self.mv.index_select(0, keep))
-        if self.kv is None:
+    def select(self, keep: torch.Tensor | None, width: int | None = None) -> LayerCache:
+        """The sentences `keep` (None: all), their sources cut to `width` positions (None: all)."""
+        mk, mv = (self.mk, self.mv) if width is None else (self.mk[:, :, :width], self.mv[:, :, :width])
+        if keep is None:
             return LayerCache(mk, mv)
-        kv = self.kv.new_empty(self.kv.size(0), 2, index.numel(), self.kv.size(3))
-        torch.index_select(self.kv[first:t], 2, index, out=kv[: t - first])
-        return LayerCache(mk, mv, kv)
+        return LayerCache(mk.index_select(0, keep), mv.index_select(0, keep))
 
-    def join(self, new: LayerCache, t: int, rows: int) -> LayerCache:
-        """This cache (t positions) followed by a fresh one's sentences with `rows` rows in all: the
-        sources padded to the longer one, the new rows' self-attention keys/values zero (masked)."""
+    def join(self, new: LayerCache) -> LayerCache:
+        """These sentences followed by a fresh cache's, the sources padded to the longer one."""
         S = max(self.mk.size(2), new.mk.size(2))
         mk = torch.cat([F.pad(m, (0, 0, 0, S - m.size(2))) for m in (self.mk, new.mk)])
         mv = torch.cat([F.pad(m, (0, 0, 0, S - m.size(2))) for m in (self.mv, new.mv)])
-        if self.kv is None:
-            return LayerCache(mk, mv)
-        kv = self.kv.new_zeros(self.kv.size(0), 2, self.kv.size(2) + rows, self.kv.size(3))
-        kv[:t, :, : self.kv.size(2)] = self.kv[:t]
-        return LayerCache(mk, mv, kv)
+        return LayerCache(mk, mv)
+
+
+GROUP_MERGE_WASTE = 40  # a group joins the one before when that pads fewer row positions (5 beams x 8 steps)
+MAX_GROUPS = 8  # past this many groups, the two whose merging pads the fewest positions merge
+
+
+@dataclass
+class Rows:
+    """A group of consecutive rows whose sentences joined a search at about the same step, with
+    every decoder layer's self-attention keys/values of the positions decoded since the oldest of
+    them joined: kept time-major in a buffer per layer that grows by doubling, so a step writes
+    one slice and a reorder is one index_select. Rows of a sentence that joined later are padded
+    before their first position (masked). A search that sentences join while it runs (a server's
+    continuous batching) keeps its rows in a few such groups, so that a sentence that has just
+    joined does not attend over (and copy) the whole history of the oldest one."""
+
+    rows: int
+    kv: list[torch.Tensor | None]  # per layer (capacity, 2, rows, D) keys [:, 0] and values [:, 1]; None: none yet
+    step: int = 0  # positions held
+    start: torch.Tensor | None = None  # (rows,) the position at which each row's sentence joined (None: all at 0)
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """k, v (rows, 1, D) of position `step` -> that layer's keys/values of positions 0..step: (step+1, 2, rows, D)."""
+        t, kv = self.step, self.kv[layer]
+        if kv is None or t == kv.size(0):
+            grown = k.new_empty(max(16, 2 * t), 2, k.size(0), k.size(2))
+            if t:
+                grown[:t] = kv[:t]
+            self.kv[layer] = kv = grown
+        kv[t, 0] = k[:, 0]
+        kv[t, 1] = v[:, 0]
+        return kv[: t + 1]
+
+    def mask(self, device: torch.device) -> torch.Tensor | None:
+        """(rows, 1, 1, step+1): the positions each row may see at the next step (None: all)."""
+        if self.start is None:
+            return None
+        return (torch.arange(self.step + 1, device=device) >= self.start[:, None])[:, None, None]
+
+    def select(self, index: torch.Tensor) -> Rows:
+        """Rows `index` of this group; positions before every row's start are dropped."""
+        start, first = None, 0
+        if self.start is not None:
+            start = self.start.index_select(0, index)
+            first = int(start.min())
+            start = None if int(start.max()) == first else start - first
+        kvs: list[torch.Tensor | None] = []
+        for kv in self.kv:
+            if kv is not None:
+                out = kv.new_empty(kv.size(0), 2, index.numel(), kv.size(3))
+                torch.index_select(kv[first : self.step], 2, index, out=out[: self.step - first])
+                kv = out
+            kvs.append(kv)
+        return Rows(index.numel(), kvs, self.step - first, start)
+
+    def waste(self, younger: Rows) -> int:
+        """The padded positions merging a younger group into this one adds."""
+        return younger.rows * (self.step - younger.step)
+
+    def merge(self, younger: Rows, device: torch.device) -> Rows:
+        """This group followed by a younger one (fewer positions), padded before its first position."""
+        gap = self.step - younger.step
+        if gap < 0:
+            raise ValueError("a group merges only into an older one")
+
+        def starts(g: Rows) -> torch.Tensor:
+            return torch.zeros(g.rows, dtype=torch.long, device=device) if g.start is None else g.start
+
+        start = torch.cat([starts(self), starts(younger) + gap])
+        kvs: list[torch.Tensor | None] = []
+        for old, new in zip(self.kv, younger.kv, strict=True):
+            if old is not None:
+                kv = old.new_empty(old.size(0), 2, self.rows + younger.rows, old.size(3))
+                kv[: self.step, :, : self.rows] = old[: self.step]
+                kv[:gap, :, self.rows :] = 0  # masked, but must be finite
+                if younger.step:
+                    kv[gap : self.step, :, self.rows :] = new[: younger.step]
+                old = kv
+            kvs.append(old)
+        return Rows(self.rows + younger.rows, kvs, self.step, None if not int(start.max()) else start)
+
+
+def merge_groups(groups: list[Rows], device: torch.device) -> list[Rows]:
+    """The groups after the youngest joined the one before it if that pads few positions
+    (GROUP_MERGE_WASTE), and after merging the cheapest adjacent pairs while there are more than
+    MAX_GROUPS."""
+    groups = list(groups)
+    if len(groups) > 1 and groups[-2].waste(groups[-1]) < GROUP_MERGE_WASTE:
+        groups[-2:] = [groups[-2].merge(groups[-1], device)]
+    while len(groups) > MAX_GROUPS:
+        i = min(range(len(groups) - 1), key=lambda i: groups[i].waste(groups[i + 1]))
+        groups[i : i + 2] = [groups[i].merge(groups[i + 1], device)]
+    return groups
 
 
 @dataclass
@@ -290,8 +366,12 @@ class DecoderState:
 
     src_mask: torch.Tensor  # (N, 1, 1, S) True = real source token, one row per sentence
     caches: list[LayerCache]  # one per decoder layer
-    step: int = 0  # positions decoded so far
-    start: torch.Tensor | None = None  # (R,) the step at which each row's sentence joined (None: all at 0)
+    groups: list[Rows]  # the rows in order, in groups of sentences that joined at about the same step
+
+    @property
+    def span(self) -> int:
+        """Positions held by the oldest group."""
+        return max(g.step for g in self.groups)
 
 
 class Transformer(nn.Module):
@@ -386,25 +466,29 @@ class Transformer(nn.Module):
         for layer in self.decoder:
             cross = layer.cross_attn
             caches.append(LayerCache(cross.split_heads(cross.W_k(memory)), cross.split_heads(cross.W_v(memory))))
-        return DecoderState(src_mask=src_mask, caches=caches)
+        return DecoderState(src_mask, caches, [Rows(memory.size(0), [None] * len(caches))])
 
     def decode_step(self, tokens: torch.Tensor, state: DecoderState) -> torch.Tensor:
         """tokens (R,) the last output of each row -> logits (R, V) of the next token; updates state.
 
         R is a multiple of the state's N sentences: each sentence's rows (its beams) are adjacent.
         """
-        if state.start is None:
-            x = self.embed_tokens(self.tgt_embed, tokens[:, None], offset=state.step)  # (R, 1, D)
-            self_mask = None
+        groups = state.groups
+        if len(groups) == 1 and groups[0].start is None:
+            x = self.embed_tokens(self.tgt_embed, tokens[:, None], offset=groups[0].step)  # (R, 1, D)
         else:  # rows that joined later: their own positions, and only their sentence's cached ones
-            position = state.step - state.start  # (R,)
-            pe = self.pe if state.step < self.pe.size(0) else sinusoidal_positions(state.step + 1, self.cfg.d_model)
+            position = torch.cat(
+                [g.step - g.start if g.start is not None else tokens.new_full((g.rows,), g.step) for g in groups]
+            )  # (R,)
+            span = state.span
+            pe = self.pe if span < self.pe.size(0) else sinusoidal_positions(span + 1, self.cfg.d_model)
             pe = pe.to(self.pe.device, self.tgt_embed.weight.dtype)[position, None]  # (R, 1, D)
             x = self.dropout(self.tgt_embed(tokens[:, None]) * math.sqrt(self.cfg.d_model) + pe)
-            self_mask = (torch.arange(state.step + 1, device=tokens.device) >= state.start[:, None])[:, None, None]
-        for layer, cache in zip(self.decoder, state.caches):
-            x = layer.step(x, cache, state.src_mask, state.step, self_mask)
-        state.step += 1
+        masks = [g.mask(tokens.device) for g in groups]
+        for i, (layer, cache) in enumerate(zip(self.decoder, state.caches, strict=True)):
+            x = layer.step(x, cache, state.src_mask, groups, i, masks)
+        for g in groups:
+            g.step += 1
         return self.output(self.dec_norm(x[:, 0]))
 
     @staticmethod
@@ -412,38 +496,49 @@ class Transformer(nn.Module):
         """Follow the beams: row r of the new state is row index[r] of the old one.
 
         keep (N',) ascending: the sentences that stay (index must pick only their rows, in sentence
-        order); the source's keys/values are copied only when some leave. Without keep the state
-        has one row per sentence and index picks (reorders, repeats) whole sentences.
+        order); the source's keys/values are copied only when some leave, then cut to the longest
+        source left. Without keep the state has one row per sentence and index picks (reorders,
+        repeats) whole sentences (one group of rows only). A group whose sentences all left is dropped.
         """
         sentences = index if keep is None else keep
         if keep is not None and keep.numel() == state.src_mask.size(0):
             sentences = None  # every sentence stays: the source's keys/values are shared, not copied
+        width = None
         src_mask = state.src_mask if sentences is None else state.src_mask.index_select(0, sentences)
-        start, first = None, 0
-        if state.start is not None:  # positions before every row's start are dropped
-            start = state.start.index_select(0, index)
-            first = int(start.min())
-            start = None if int(start.max()) == first else start - first
-        caches = [c.select(state.step, index, sentences, first) for c in state.caches]
-        return DecoderState(src_mask, caches, state.step - first, start)
+        if sentences is not None and keep is not None:  # sentences left: cut the sources to the longest left
+            width = max(1, int(src_mask.sum(dim=-1).max()))
+            width, src_mask = (None, src_mask) if width == src_mask.size(-1) else (width, src_mask[..., :width])
+        caches = [c.select(sentences, width) for c in state.caches]
+        if len(state.groups) == 1:
+            return DecoderState(src_mask, caches, [state.groups[0].select(index)])
+        if keep is None:
+            raise ValueError("reordering several groups of rows needs keep (the sentences that stay)")
+        # each group's sentences are consecutive: its rows' new indices are a slice of index
+        beams_before = sum(g.rows for g in state.groups) // state.src_mask.size(0)
+        beams = index.numel() // max(1, keep.numel())
+        ends = torch.tensor([g.rows // beams_before for g in state.groups]).cumsum(0)  # each group's last sentence + 1
+        kept = torch.searchsorted(keep.cpu(), ends).tolist()  # sentences kept up to each group's end
+        groups, r, old, before = [], 0, 0, 0
+        for group, upto in zip(state.groups, kept, strict=True):
+            rows = (upto - before) * beams
+            if rows:
+                groups.append(group.select(index[r : r + rows] - old))
+            r, old, before = r + rows, old + group.rows, upto
+        return DecoderState(src_mask, caches, groups)
 
     @staticmethod
     def join_state(state: DecoderState, new: DecoderState, beams: int) -> DecoderState:
         """A running state followed by a fresh one's sentences (init_state, one row each), which
         get `beams` adjacent rows each and start at position 0 now (continuous batching: new
-        sentences join a search under way). Every sentence of `state` must have `beams` rows."""
+        sentences join a search under way), as a group of rows of their own or joined to the
+        youngest group (merge_groups). Every sentence of `state` must have `beams` rows."""
         masks = (state.src_mask, new.src_mask)
         src_mask = masks[0].new_zeros(sum(m.size(0) for m in masks), 1, 1, max(m.size(-1) for m in masks))
         src_mask[: masks[0].size(0), ..., : masks[0].size(-1)] = masks[0]
         src_mask[masks[0].size(0) :, ..., : masks[1].size(-1)] = masks[1]
-        rows = beams * new.src_mask.size(0)
-        caches = [old.join(fresh, state.step, rows) for old, fresh in zip(state.caches, new.caches, strict=True)]
-        if state.step == 0:
-            return DecoderState(src_mask, caches)
-        start = state.start
-        if start is None:
-            start = torch.zeros(beams * masks[0].size(0), dtype=torch.long, device=src_mask.device)
-        return DecoderState(src_mask, caches, state.step, torch.cat([start, start.new_full((rows,), state.step)]))
+        caches = [old.join(fresh) for old, fresh in zip(state.caches, new.caches, strict=True)]
+        fresh = Rows(beams * new.src_mask.size(0), [None] * len(caches))
+        return DecoderState(src_mask, caches, merge_groups([*state.groups, fresh], src_mask.device))
 
 
 def count_parameters(model: nn.Module) -> int:
