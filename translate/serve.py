@@ -79,9 +79,10 @@ class Batcher:
 
     def __init__(
         self, models, tokenizer, batch_tokens: int, *, workers: int, window: float, max_queue: int, max_batch: int,
-        protect: Sequence[str] = (),
+        protect: Sequence[str] = (), on_take=None,
     ) -> None:  # fmt: skip
         self.models, self.tokenizer, self.batch_tokens = models, tokenizer, batch_tokens
+        self.on_take = on_take  # called with the number of sentences each time a thread takes some
         self.protect = protect  # span classes copied verbatim (the checkpoint's decode.protect)
         self.window, self.max_queue, self.max_batch = window, max_queue, max_batch
         self.max_pieces = min(m.cfg.max_positions for m in models) - 1
@@ -145,6 +146,8 @@ class Batcher:
                 jobs.append(self.jobs.popleft())
             self.queued -= n
             self.in_flight[me] += n
+        if n and self.on_take is not None:
+            self.on_take(n)
         # a job whose request was cancelled is dropped; the others can no longer be cancelled
         taken = [job for job in jobs if job.future.set_running_or_notify_cancel()]
         self._done(me, sum(len(job.texts) for job in jobs if job not in taken))
@@ -242,6 +245,193 @@ class Batcher:
             if not job.future.done():
                 job.future.set_exception(e)
                 self._done(me, len(job.texts))
+
+
+class DecodingFailed(Exception):
+    """A decoding process's report of a failure (its message names the error)."""
+
+
+class ProcessBatcher:
+    """The same service as `Batcher` from `workers` decoding processes (on a CPU), each with the
+    models and a one-thread Batcher of its own, so that no two decoding threads share a GIL (two
+    threads of one process wait for each other's Python at every step of their searches). This
+    process keeps the count of sentences queued (sent to a process and not yet taken into its
+    search) against --max-queue, and sends each request to the process with the fewest sentences
+    outstanding; a reader thread per process answers the futures."""
+
+    def __init__(self, load: dict, *, workers: int, threads: int, max_queue: int) -> None:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")  # a fork of a process with torch's threads may hang
+        self.max_queue, self.stopping, self.lock = max_queue, False, threading.Lock()
+        self.conns, self.procs = [], []
+        for i in range(workers):
+            parent, child = context.Pipe()
+            proc = context.Process(
+                target=decoding_process, args=(child, load, threads), name=f"translate-decoder-{i}", daemon=True
+            )
+            proc.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(proc)
+        replies = [self._receive(conn) for conn in self.conns]
+        if failed := [reply[1] for reply in replies if reply[0] != "ready"]:
+            self.stop()
+            raise UserError(failed[0])
+        self.defaults, self.info = replies[0][1], replies[0][2]
+        self.outstanding = [0] * workers  # sentences sent to each process and not answered
+        self.waiting = [0] * workers  # of those, the ones not yet taken into its search
+        self.futures: dict[int, tuple[Future, int, int]] = {}  # request id -> (future, process, sentences)
+        self.next_id = 0
+        self.alive = set(range(workers))
+        self.readers = [threading.Thread(target=self._read, args=(i,), daemon=True) for i in range(workers)]
+
+    @staticmethod
+    def _receive(conn) -> tuple:
+        try:
+            return conn.recv()
+        except (EOFError, OSError):
+            return ("failed", "a decoding process ended while loading the model")
+
+    @property
+    def queued(self) -> int:
+        return sum(self.waiting)
+
+    def start(self) -> None:
+        for reader in self.readers:
+            reader.start()
+
+    def submit(self, texts: list[str], search: SearchOptions) -> Future:
+        """Send a request's sentences to a process; RequestError 503 when the queue cannot take them."""
+        future: Future = Future()
+        future.set_running_or_notify_cancel()  # it is decoded even if its client goes: not cancellable
+        with self.lock:
+            if self.stopping or not self.alive:
+                raise RequestError(503, "the server is shutting down" if self.stopping else "no decoding process left")
+            if self.queued + len(texts) > self.max_queue:
+                raise RequestError(
+                    503, f"server busy: {self.queued} sentences queued (--max-queue {self.max_queue}); retry later"
+                )
+            worker = min(self.alive, key=lambda i: (self.outstanding[i], i))
+            self.next_id += 1
+            self.futures[self.next_id] = (future, worker, len(texts))
+            self.outstanding[worker] += len(texts)
+            self.waiting[worker] += len(texts)
+            self.conns[worker].send(("job", self.next_id, texts, search))
+        return future
+
+    def _read(self, worker: int) -> None:
+        """Answer the futures of one process's replies until it stops (or ends: its requests fail)."""
+        conn = self.conns[worker]
+        while True:
+            try:
+                reply = conn.recv()
+            except (EOFError, OSError):
+                break
+            if reply[0] == "stopped":
+                break
+            with self.lock:
+                if reply[0] == "taken":
+                    self.waiting[worker] -= reply[1]
+                    continue
+                future, _, n = self.futures.pop(reply[1])
+                self.outstanding[worker] -= n
+            if reply[0] == "done":
+                future.set_result(reply[2])
+            else:
+                future.set_exception(DecodingFailed(reply[2]))
+        with self.lock:
+            self.alive.discard(worker)
+            lost = [id for id, (_, w, _) in self.futures.items() if w == worker]
+            lost = [self.futures.pop(id)[0] for id in lost]
+            self.outstanding[worker] = self.waiting[worker] = 0
+        if not self.stopping:
+            log.error(f"decoding process {worker} ended; {len(lost)} requests fail")
+        for future in lost:
+            future.set_exception(DecodingFailed("the decoding process ended"))
+
+    def stop(self) -> None:
+        """Have every process decode what it holds and end."""
+        with self.lock:
+            self.stopping = True
+            for conn in self.conns:
+                try:
+                    conn.send(("stop",))
+                except OSError:
+                    pass  # already gone
+        for reader in getattr(self, "readers", []):
+            if reader.is_alive():
+                reader.join()
+        for proc in self.procs:
+            proc.join(timeout=60)
+            if proc.is_alive():
+                proc.kill()
+
+
+def load_for_serving(load: dict, workers: int):
+    """(models, tokenizer, search defaults, batch tokens of one decoding thread, protected span
+    classes, the checkpoint's decode defaults for /health) from serve's options."""
+    from translate.hardware import resolve_device
+    from translate.inference import load_models
+    from translate.translator import decode_options
+
+    dev = resolve_device(load["device"])
+    models, tokenizer, cfg = load_models(load["checkpoints"], dev, dtype=load["dtype"], quantize=load["quantize"])
+    defaults, batch_tokens = decode_options(cfg, load["beam"], load["length_penalty"], load["batch_tokens"])
+    protect = cfg.decode.protect if load["protect"] else ()
+    return models, tokenizer, defaults, max(1, batch_tokens // workers), protect
+
+
+def decoding_process(conn, load: dict, threads: int) -> None:
+    """One decoding process of a ProcessBatcher: load the models, then decode the requests sent
+    through `conn` with a one-thread Batcher until told to stop (or the server is gone)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server drains us
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    import torch
+
+    from translate.inference import keep_freed_memory
+
+    keep_freed_memory()
+    torch.set_num_threads(threads)
+    sending = threading.Lock()
+
+    def send(message: tuple) -> None:
+        with sending:
+            try:
+                conn.send(message)
+            except OSError:
+                pass  # the server is gone
+
+    try:
+        models, tokenizer, defaults, batch_tokens, protect = load_for_serving(load, load["workers"])
+    except UserError as e:
+        send(("failed", str(e)))
+        return
+    except Exception as e:
+        send(("failed", f"loading {', '.join(map(str, load['checkpoints']))} failed: {type(e).__name__}: {e}"))
+        return
+    batcher = Batcher(
+        models, tokenizer, batch_tokens, workers=1, window=load["window"], max_queue=1 << 62,
+        max_batch=load["max_batch"], protect=protect, on_take=lambda n: send(("taken", n)),
+    )  # fmt: skip
+    batcher.start()
+    send(("ready", defaults, {"device": str(next(models[0].parameters()).device)}))
+
+    def answer(id: int, future: Future) -> None:
+        e = future.exception()
+        send(("done", id, future.result()) if e is None else ("failed", id, f"{type(e).__name__}: {e}"))
+
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            break
+        if message[0] == "stop":
+            break
+        _, id, texts, search = message
+        batcher.submit(texts, search).add_done_callback(lambda future, id=id: answer(id, future))
+    batcher.stop()
+    send(("stopped",))
 
 
 def parse_request(body: bytes, defaults: SearchOptions, max_texts: int) -> tuple[list[str], bool, SearchOptions, bool]:
@@ -350,7 +540,7 @@ def create_app(
         except RequestError as e:
             status, response = e.status, error(e.status, str(e))
         except Exception as e:  # a fault in decoding: reported, the server goes on
-            status, response = 500, error(500, f"{type(e).__name__}: {e}")
+            status, response = 500, error(500, str(e) if isinstance(e, DecodingFailed) else f"{type(e).__name__}: {e}")
         else:
             response = JSONResponse(answer(translations, single, with_nbest))
             answered += 1
@@ -429,8 +619,6 @@ def serve(
         raise UserError("translate serve needs starlette and uvicorn: pip install 'translate[serve]'") from None
     from translate.decoding import check_workers, decode_workers
     from translate.hardware import resolve_device
-    from translate.inference import load_models
-    from translate.translator import decode_options
 
     check_limits(batch_window_ms, max_batch, max_queue, max_texts, max_request_bytes)
     check_workers(workers)
@@ -438,13 +626,24 @@ def serve(
         raise UserError(f"--beam must be from 1 to {MAX_BEAM}, got {beam}")
     sock = listen(host, port)
     dev = resolve_device(device)
-    models, tokenizer, cfg = load_models(checkpoints, dev, dtype=dtype, quantize=quantize)
     workers = workers or decode_workers(dev)
-    defaults, batch_tokens = decode_options(cfg, beam, length_penalty, batch_tokens)
-    batcher = Batcher(
-        models, tokenizer, max(1, batch_tokens // workers), workers=workers, protect=cfg.decode.protect if protect else (), window=batch_window_ms / 1000, max_queue=max_queue,
-        max_batch=max_batch,
-    )  # fmt: skip
+    load = {
+        "checkpoints": [str(c) for c in checkpoints], "device": str(dev), "dtype": dtype, "quantize": quantize,
+        "beam": beam, "length_penalty": length_penalty, "batch_tokens": batch_tokens, "protect": protect,
+        "workers": workers, "window": batch_window_ms / 1000, "max_batch": max_batch,
+    }  # fmt: skip
+    if dev.type == "cpu" and workers > 1:  # decoding processes, each on its share of the threads
+        import torch
+
+        threads = max(1, torch.get_num_threads() // workers)
+        batcher = ProcessBatcher(load, workers=workers, threads=threads, max_queue=max_queue)
+        defaults = batcher.defaults
+    else:  # decoding threads of this process
+        models, tokenizer, defaults, thread_tokens, protected = load_for_serving(load, workers)
+        batcher = Batcher(
+            models, tokenizer, thread_tokens, workers=workers, protect=protected, window=batch_window_ms / 1000,
+            max_queue=max_queue, max_batch=max_batch,
+        )  # fmt: skip
     info = {
         "models": [str(c) for c in checkpoints], "device": str(dev), "beam_size": defaults.beam_size,
         "length_penalty": defaults.length_penalty,
