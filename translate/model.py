@@ -229,12 +229,18 @@ class DecoderLayer(nn.Module):
         R, N = x.size(0), src_mask.size(0)
         attn, cross = self.self_attn, self.cross_attn
         h = self.sub_self.inp(x)
-        q, k_new, v_new = attn.split_heads(attn.W_q(h)), attn.W_k(h), attn.W_v(h)  # (R, H, 1, K), (R, 1, D) x2
+        D = x.size(-1)
+        if (fused := getattr(attn, "W_qkv", None)) is not None:  # one product (inference.pack_linears)
+            qkv = fused(h)  # (R, 1, 3D)
+            q, kv_new = qkv[..., :D], qkv[..., D:]
+        else:
+            q, kv_new = attn.W_q(h), torch.cat([attn.W_k(h), attn.W_v(h)], dim=-1)
+        q, kv_new = attn.split_heads(q), kv_new.view(R, 2, D)  # (R, H, 1, K), (R, 2, D) keys and values
         parts, r = [], 0
         for group, mask in zip(groups, masks, strict=True):
             rows = slice(r, r + group.rows)
             t = group.step
-            kv = group.append(layer, k_new[rows], v_new[rows])  # (t+1, 2, rows, D)
+            kv = group.append(layer, kv_new[rows])  # (t+1, 2, rows, D)
             k, v = (kv[:, i].view(t + 1, group.rows, attn.n_heads, attn.d_k).permute(1, 2, 0, 3) for i in (0, 1))
             parts.append(attn.attend(q[rows], k, v, mask, project=False)[0])  # every cached position of its sentence
             r += group.rows
@@ -286,16 +292,16 @@ class Rows:
     step: int = 0  # positions held
     start: torch.Tensor | None = None  # (rows,) the position at which each row's sentence joined (None: all at 0)
 
-    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """k, v (rows, 1, D) of position `step` -> that layer's keys/values of positions 0..step: (step+1, 2, rows, D)."""
+    def append(self, layer: int, new: torch.Tensor) -> torch.Tensor:
+        """new (rows, 2, D): the keys and values of position `step` -> that layer's keys/values of
+        positions 0..step: (step+1, 2, rows, D)."""
         t, kv = self.step, self.kv[layer]
         if kv is None or t == kv.size(0):
-            grown = k.new_empty(max(16, 2 * t), 2, k.size(0), k.size(2))
+            grown = new.new_empty(max(16, 2 * t), 2, new.size(0), new.size(2))
             if t:
                 grown[:t] = kv[:t]
             self.kv[layer] = kv = grown
-        kv[t, 0] = k[:, 0]
-        kv[t, 1] = v[:, 0]
+        kv[t] = new.transpose(0, 1)
         return kv[: t + 1]
 
     def mask(self, device: torch.device) -> torch.Tensor | None:
