@@ -237,3 +237,32 @@ def test_port_in_use_is_one_line(checkpoint, server):
     port = server.url.rsplit(":", 1)[1]
     result = run_cli("serve", checkpoint, "--port", port, check=False)
     assert result.returncode == 2 and result.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}")
+
+
+def decoding_processes(pid: int) -> list[int]:
+    """The server's decoding processes (multiprocessing's spawned children), from /proc."""
+    children = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            children += [int(c) for c in f.read().split()]
+    return [c for c in children if b"spawn_main" in open(f"/proc/{c}/cmdline", "rb").read()]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="finds the decoding processes in /proc")
+def test_a_decoding_process_that_ends_spares_the_server(checkpoint, decoded):
+    """On a CPU each decoding worker is a process: when one is killed, the server logs it and the
+    other answers every request after it."""
+    server = Server(checkpoint, "--workers", "2", "--device", "cpu")
+    try:
+        children = decoding_processes(server.proc.pid)
+        assert len(children) == 2
+        os.kill(children[0], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not any("decoding process" in line and "ended" in line for line in server.lines):
+            assert time.monotonic() < deadline, "the server did not notice:\n" + "\n".join(server.lines)
+            time.sleep(0.05)
+        for sentence in SENTENCES[:6]:
+            status, text = server.post({"text": sentence})
+            assert status == 200 and json.loads(text) == {"translation": decoded[sentence]}
+    finally:
+        assert server.stop() == 0

@@ -60,6 +60,14 @@ WorkersOpt = Annotated[
         "0 = auto (2 on a CPU with 2+ threads, else 1).",
     ),
 ]
+ServeWorkersOpt = Annotated[
+    int,
+    typer.Option(
+        "--workers",
+        help="Decoding workers, each on an equal share of the CPU threads and of --batch-tokens: processes "
+        "on a CPU (each loads the model), threads on a GPU. 0 = auto (2 on a CPU with 2+ threads, else 1).",
+    ),
+]
 DeviceOpt = Annotated[
     str, typer.Option("--device", help="auto | cpu | cuda | cuda:N | mps (auto: CUDA, else MPS, else CPU)")
 ]
@@ -272,12 +280,12 @@ def serve(
     beam: BeamOpt = None,
     lenpen: LenpenOpt = None,
     batch_tokens: BatchOpt = None,
-    workers: WorkersOpt = 0,
+    workers: ServeWorkersOpt = 0,
     batch_window_ms: Annotated[
         float, typer.Option("--batch-window-ms", help="How long a batch waits for more requests.")
     ] = 5.0,
     max_batch: Annotated[
-        int, typer.Option("--max-batch", help="Most sentences a decoding thread searches at once.")
+        int, typer.Option("--max-batch", help="Most sentences a decoding worker searches at once.")
     ] = 256,
     max_queue: Annotated[int, typer.Option("--max-queue", help="Sentences waiting; past it: 503.")] = 1024,
     max_texts: Annotated[int, typer.Option("--max-texts", help="Sentences in one request; past it: 413.")] = 256,

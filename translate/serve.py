@@ -5,20 +5,22 @@
                      nbest, a list per sentence (best first) and "scores" of the same shape
     GET  /health     -> {"status": "ok", ...}
 
-Requests are parsed and checked on the event loop, then queued for the `Batcher`'s decoding
-threads (--workers, two on a CPU with 2+ threads, each on its share of them). Each thread batches
-continuously: its sentences of one set of search options are one running beam search
-(`search.BeamSearch`, the search of `translate decode`), queued sentences join it between two
-steps (its share of the work, at most --max-batch in flight), and each sentence leaves it as soon
-as it is done, its request answered once all of its sentences are. An idle thread waits a short
-window (--batch-window-ms) for more requests before it starts. The queue is bounded in sentences:
-past --max-queue a request gets 503 at once; a body over --max-request-bytes or more than
+Requests are parsed and checked on the event loop, then queued for the decoding workers
+(--workers: on a CPU, processes, two where torch has 2+ threads, each on its share of them, with
+its own copy of the models (`ProcessBatcher`), as two threads of one process would wait for each
+other's Python at every step; on a GPU, threads). Each worker batches continuously (`Batcher`):
+its sentences of one set of search options are one running beam search (`search.BeamSearch`,
+the search of `translate decode`), queued sentences join it between two steps (its share of the
+work, at most --max-batch in flight), and each sentence leaves it as soon as it is done, its
+request answered once all of its sentences are. An idle worker waits a short window
+(--batch-window-ms) for more requests before it starts. The queue is bounded in sentences: past
+--max-queue a request gets 503 at once; a body over --max-request-bytes or more than
 --max-texts sentences gets 413, a malformed one 400, each with one line of JSON
 `{"error": "..."}`, and none of them touches the requests already queued. SIGTERM (or Ctrl-C)
 stops accepting connections, answers every request already accepted, and exits 0 (130 for Ctrl-C).
 Each request is logged with its size and latency; its text only with --log-text.
 
-About 480 lines: the request checks, the batcher and the HTTP application are one server and
+About 680 lines: the request checks, the batchers and the HTTP application are one server and
 change together; each piece is small and tested through a real socket (tests/test_serve.py).
 """
 
@@ -312,12 +314,19 @@ class ProcessBatcher:
                 raise RequestError(
                     503, f"server busy: {self.queued} sentences queued (--max-queue {self.max_queue}); retry later"
                 )
-            worker = min(self.alive, key=lambda i: (self.outstanding[i], i))
+            while self.alive:
+                worker = min(self.alive, key=lambda i: (self.outstanding[i], i))
+                try:
+                    self.conns[worker].send(("job", self.next_id + 1, texts, search))
+                    break
+                except OSError:  # it has just ended (its reader fails what it held)
+                    self.alive.discard(worker)
+            else:
+                raise RequestError(503, "no decoding process left")
             self.next_id += 1
             self.futures[self.next_id] = (future, worker, len(texts))
             self.outstanding[worker] += len(texts)
             self.waiting[worker] += len(texts)
-            self.conns[worker].send(("job", self.next_id, texts, search))
         return future
 
     def _read(self, worker: int) -> None:
