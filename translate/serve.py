@@ -280,7 +280,7 @@ class ProcessBatcher:
         if failed := [reply[1] for reply in replies if reply[0] != "ready"]:
             self.stop()
             raise UserError(failed[0])
-        self.defaults, self.info = replies[0][1], replies[0][2]
+        self.defaults = replies[0][1]  # the checkpoint's search options, as every process has them
         self.outstanding = [0] * workers  # sentences sent to each process and not answered
         self.waiting = [0] * workers  # of those, the ones not yet taken into its search
         self.futures: dict[int, tuple[Future, int, int]] = {}  # request id -> (future, process, sentences)
@@ -424,7 +424,7 @@ def decoding_process(conn, load: dict, threads: int) -> None:
         max_batch=load["max_batch"], protect=protect, on_take=lambda n: send(("taken", n)),
     )  # fmt: skip
     batcher.start()
-    send(("ready", defaults, {"device": str(next(models[0].parameters()).device)}))
+    send(("ready", defaults))
 
     def answer(id: int, future: Future) -> None:
         e = future.exception()
