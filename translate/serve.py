@@ -331,14 +331,7 @@ class ProcessBatcher:
 
     def _read(self, worker: int) -> None:
         """Answer the futures of one process's replies until it stops (or ends: its requests fail)."""
-        conn = self.conns[worker]
-        while True:
-            try:
-                reply = conn.recv()
-            except (EOFError, OSError):
-                break
-            if reply[0] == "stopped":
-                break
+        for reply in messages(self.conns[worker], until="stopped"):
             with self.lock:
                 if reply[0] == "taken":
                     self.waiting[worker] -= reply[1]
@@ -375,6 +368,18 @@ class ProcessBatcher:
             proc.join(timeout=60)
             if proc.is_alive():
                 proc.kill()
+
+
+def messages(conn, until: str):
+    """The messages from one end of a pipe until one of kind `until` or the other end is gone."""
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message[0] == until:
+            return
+        yield message
 
 
 def load_for_serving(load: dict, workers: int):
@@ -430,14 +435,7 @@ def decoding_process(conn, load: dict, threads: int) -> None:
         e = future.exception()
         send(("done", id, future.result()) if e is None else ("failed", id, f"{type(e).__name__}: {e}"))
 
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            break
-        if message[0] == "stop":
-            break
-        _, id, texts, search = message
+    for _, id, texts, search in messages(conn, until="stop"):
         batcher.submit(texts, search).add_done_callback(lambda future, id=id: answer(id, future))
     batcher.stop()
     send(("stopped",))
