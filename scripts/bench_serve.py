@@ -5,7 +5,8 @@
 
 It starts `translate serve CKPT --port 0` in a subprocess and, for each number of clients,
 sends the sentences one per request (`{"text": ...}`) from that many client threads, each on
-its own keep-alive connection, each sending its next request as soon as the last is answered
+its own keep-alive connection, each sending the next sentence not yet sent as soon as its last
+request is answered, so that all of them stay busy until the last sentences are in flight
 (`--per-request N`: N consecutive sentences a request, as `{"texts": [...]}`).
 It prints sentences/s (sentences / wall time) and the median and 99th percentile of the
 request latencies. The baseline is the search `translate decode` runs, `translate_lines` with
@@ -83,14 +84,21 @@ def run_clients(
     port: int, sentences: list[str], clients: int, per_request: int = 1
 ) -> tuple[float, list[float], list[str]]:
     """(seconds, per-request latencies, translations in input order) with `clients` threads, each
-    request carrying `per_request` consecutive sentences (`{"text": ...}` for one, else `{"texts": [...]}`)."""
+    request carrying `per_request` consecutive sentences (`{"text": ...}` for one, else `{"texts": [...]}`),
+    each thread taking the next request not yet sent."""
     results: list[str] = [""] * len(sentences)
     latencies: list[float] = []
     starts = list(range(0, len(sentences), per_request))
 
-    def client(k: int) -> None:
+    todo, lock = iter(starts), threading.Lock()
+
+    def next_start() -> int | None:
+        with lock:
+            return next(todo, None)
+
+    def client(_: int) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-        for i in starts[k::clients]:
+        while (i := next_start()) is not None:
             texts = sentences[i : i + per_request]
             body = {"text": texts[0]} if per_request == 1 else {"texts": texts}
             start = time.perf_counter()
