@@ -70,6 +70,15 @@ class Job:
     protector: object = None  # the request's masked spans (translate.protect.Protector)
 
 
+def check_room(queued: int, n: int, max_queue: int, gone: str | None) -> None:
+    """RequestError 503 when the server cannot take n more sentences: `gone` (why it takes none),
+    or a queue of `queued` sentences that n would take past max_queue."""
+    if gone:
+        raise RequestError(503, gone)
+    if queued + n > max_queue:
+        raise RequestError(503, f"server busy: {queued} sentences queued (--max-queue {max_queue}); retry later")
+
+
 class Batcher:
     """The threads that decode (`workers` of them, each with an equal share of torch's threads),
     with continuous batching: each thread keeps a running `BeamSearch` per search options, and
@@ -119,12 +128,9 @@ class Batcher:
         """Queue a request's sentences; RequestError 503 when the queue cannot take them."""
         job = Job(texts, search)
         with self.cond:
-            if self.stopping:
-                raise RequestError(503, "the server is shutting down")
-            if self.queued + len(texts) > self.max_queue:
-                raise RequestError(
-                    503, f"server busy: {self.queued} sentences queued (--max-queue {self.max_queue}); retry later"
-                )
+            check_room(
+                self.queued, len(texts), self.max_queue, "the server is shutting down" if self.stopping else None
+            )
             self.jobs.append(job)
             self.queued += len(texts)
             self.cond.notify_all()
@@ -308,12 +314,10 @@ class ProcessBatcher:
         future: Future = Future()
         future.set_running_or_notify_cancel()  # it is decoded even if its client goes: not cancellable
         with self.lock:
-            if self.stopping or not self.alive:
-                raise RequestError(503, "the server is shutting down" if self.stopping else "no decoding process left")
-            if self.queued + len(texts) > self.max_queue:
-                raise RequestError(
-                    503, f"server busy: {self.queued} sentences queued (--max-queue {self.max_queue}); retry later"
-                )
+            gone = (
+                "the server is shutting down" if self.stopping else None if self.alive else "no decoding process left"
+            )
+            check_room(self.queued, len(texts), self.max_queue, gone)
             while self.alive:
                 worker = min(self.alive, key=lambda i: (self.outstanding[i], i))
                 try:
