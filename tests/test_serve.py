@@ -239,6 +239,39 @@ def test_port_in_use_is_one_line(checkpoint, server):
     assert result.returncode == 2 and result.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}")
 
 
+def test_accepted_connections_send_without_delay():
+    """uvicorn serves `listen`'s socket through asyncio, which sets TCP_NODELAY only on TCP sockets
+    that say so. Without it each response's body, written after its headers, waits for the
+    client's delayed ACK of them (Nagle): about 40 ms a request."""
+    import asyncio
+    import socket
+
+    from translate.serve import listen
+
+    sock = listen("127.0.0.1", 0)
+
+    async def accept_one() -> int:
+        loop = asyncio.get_running_loop()
+        nodelay = loop.create_future()
+
+        class Accept(asyncio.Protocol):
+            def connection_made(self, transport) -> None:
+                nodelay.set_result(
+                    transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                )
+                transport.close()
+
+        server = await loop.create_server(Accept, sock=sock)
+        client = socket.create_connection(sock.getsockname()[:2])
+        try:
+            return await asyncio.wait_for(nodelay, 30)
+        finally:
+            client.close()
+            server.close()
+
+    assert asyncio.run(accept_one())
+
+
 def decoding_processes(pid: int) -> list[int]:
     """The server's decoding processes (multiprocessing's spawned children), from /proc."""
     children = []
