@@ -179,14 +179,16 @@ def test_request_text_is_logged_only_when_asked(server):
 
 
 def test_overload_answers_503_and_spares_the_queued_request(checkpoint, decoded):
-    server = Server(checkpoint, "--max-queue", "2", "--max-texts", "2", "--batch-window-ms", "3000", "--log-text")
+    # a batching window far longer than the test: the first request stays queued until SIGTERM drains it
+    server = Server(checkpoint, "--max-queue", "2", "--max-texts", "2", "--batch-window-ms", "600000", "--log-text")
     try:
         with ThreadPoolExecutor(1) as pool:
-            first = pool.submit(server.post, {"texts": SENTENCES[:2]})
+            first = pool.submit(server.post, {"texts": SENTENCES[:2]}, 180)
             while json.loads(server.get("/health")[1])["queued"] < 2 and not first.done():
-                time.sleep(0.05)  # the first request waits in the batching window
+                time.sleep(0.05)
             status, text = server.post({"text": SENTENCES[2]})
             assert status == 503 and "busy" in json.loads(text)["error"]
+            assert server.stop() == 0
             status, text = first.result()
             assert status == 200 and json.loads(text) == {"translations": [decoded[s] for s in SENTENCES[:2]]}
         assert any(SENTENCES[0] in line for line in server.lines)  # --log-text

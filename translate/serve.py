@@ -17,10 +17,11 @@ request answered once all of its sentences are. An idle worker waits a short win
 --max-queue a request gets 503 at once; a body over --max-request-bytes or more than
 --max-texts sentences gets 413, a malformed one 400, each with one line of JSON
 `{"error": "..."}`, and none of them touches the requests already queued. SIGTERM (or Ctrl-C)
-stops accepting connections, answers every request already accepted, and exits 0 (130 for Ctrl-C).
+stops accepting connections, answers every request already accepted (queued ones start without
+waiting out their window), and exits 0 (130 for Ctrl-C).
 Each request is logged with its size and latency; its text only with --log-text.
 
-About 680 lines: the request checks, the batchers and the HTTP application are one server and
+About 720 lines: the request checks, the batchers and the HTTP application are one server and
 change together; each piece is small and tested through a real socket (tests/test_serve.py).
 """
 
@@ -103,6 +104,7 @@ class Batcher:
         self.queued = 0  # sentences waiting in self.jobs
         self.cond = threading.Condition()
         self.stopping = False
+        self.hurrying = False  # set on SIGTERM: no more waiting out batching windows
         import torch
 
         self.intra_op = max(1, torch.get_num_threads() // max(1, workers))
@@ -115,6 +117,12 @@ class Batcher:
     def start(self) -> None:
         for thread in self.threads:
             thread.start()
+
+    def hurry(self) -> None:
+        """Start searching what is queued now rather than at the end of its batching window."""
+        with self.cond:
+            self.hurrying = True
+            self.cond.notify_all()
 
     def stop(self) -> None:
         """Decode what is queued and in flight, then end the threads."""
@@ -144,7 +152,9 @@ class Batcher:
                 self.cond.wait_for(lambda: self.jobs or self.stopping)
                 if not self.jobs:
                     return None
-                self.cond.wait_for(lambda: self.queued >= self.max_batch or self.stopping, timeout=self.window)
+                self.cond.wait_for(
+                    lambda: self.queued >= self.max_batch or self.stopping or self.hurrying, timeout=self.window
+                )
             share = -(-(self.queued + sum(self.in_flight)) // len(self.in_flight))
             room = min(self.max_batch, share) - self.in_flight[me]
             jobs: list[Job] = []
@@ -356,15 +366,23 @@ class ProcessBatcher:
         for future in lost:
             future.set_exception(DecodingFailed("the decoding process ended"))
 
+    def hurry(self) -> None:
+        """Have every process start searching what it holds without waiting out its batching window."""
+        self._tell(("hurry",))
+
+    def _tell(self, message: tuple) -> None:
+        with self.lock:
+            for conn in self.conns:
+                try:
+                    conn.send(message)
+                except OSError:
+                    pass  # already gone
+
     def stop(self) -> None:
         """Have every process decode what it holds and end."""
         with self.lock:
             self.stopping = True
-            for conn in self.conns:
-                try:
-                    conn.send(("stop",))
-                except OSError:
-                    pass  # already gone
+        self._tell(("stop",))
         for reader in getattr(self, "readers", []):
             if reader.is_alive():
                 reader.join()
@@ -439,7 +457,11 @@ def decoding_process(conn, load: dict, threads: int) -> None:
         e = future.exception()
         send(("done", id, future.result()) if e is None else ("failed", id, f"{type(e).__name__}: {e}"))
 
-    for _, id, texts, search in messages(conn, until="stop"):
+    for message in messages(conn, until="stop"):
+        if message[0] == "hurry":
+            batcher.hurry()
+            continue
+        _, id, texts, search = message
         batcher.submit(texts, search).add_done_callback(lambda future, id=id: answer(id, future))
     batcher.stop()
     send(("stopped",))
@@ -678,8 +700,13 @@ def run_until_stopped(app, batcher: Batcher, sock: socket.socket) -> int:
     """Serve `app` on `sock` until SIGTERM or Ctrl-C, the requests in flight answered; returns their count."""
     import uvicorn
 
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            batcher.hurry()  # the requests in flight need not wait out their batching windows
+            await super().shutdown(sockets)
+
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=None)
-    server = uvicorn.Server(config)
+    server = Server(config)
     # uvicorn handles SIGTERM and SIGINT while it runs, then raises the signal again under the handler
     # that was there before: for SIGTERM a quiet one, so a drained server exits 0.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
