@@ -104,7 +104,7 @@ class Batcher:
         self.queued = 0  # sentences waiting in self.jobs
         self.cond = threading.Condition()
         self.stopping = False
-        self.hurrying = False  # set on SIGTERM: no more waiting out batching windows
+        self.hurrying = False  # set on SIGTERM (and by stop): no more waiting out batching windows
         import torch
 
         self.intra_op = max(1, torch.get_num_threads() // max(1, workers))
@@ -127,7 +127,7 @@ class Batcher:
     def stop(self) -> None:
         """Decode what is queued and in flight, then end the threads."""
         with self.cond:
-            self.stopping = True
+            self.stopping = self.hurrying = True
             self.cond.notify_all()
         for thread in self.threads:
             thread.join()
@@ -152,9 +152,7 @@ class Batcher:
                 self.cond.wait_for(lambda: self.jobs or self.stopping)
                 if not self.jobs:
                     return None
-                self.cond.wait_for(
-                    lambda: self.queued >= self.max_batch or self.stopping or self.hurrying, timeout=self.window
-                )
+                self.cond.wait_for(lambda: self.queued >= self.max_batch or self.hurrying, timeout=self.window)
             share = -(-(self.queued + sum(self.in_flight)) // len(self.in_flight))
             room = min(self.max_batch, share) - self.in_flight[me]
             jobs: list[Job] = []
