@@ -17,7 +17,9 @@ in input order: what a server whose C clients each have one sentence in flight c
 best, with no HTTP, no waiting and no overlap of rounds. A third feeds it rounds of C sentences
 that end at about the same step (grouped by the length of their translation): about the best a
 batch of C sentences refilled as they finish (the server's continuous batching) can do. The last line is the server's
-sentences/s at the most clients as a share of both. On a machine
+sentences/s at the most clients as a share of both. With --without-http the server's decoding processes are also
+started in this process and called by the same client threads without HTTP (`ProcessBatcher.submit`), at the most
+clients: what the search and its batching reach with no HTTP, JSON or event loop. On a machine
 busy with other work the figures are noisy: run with --repeats 3 (medians are printed).
 """
 
@@ -34,12 +36,17 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from translate.decoding import translate_lines
+import torch
+
+from translate.config import SearchOptions
+from translate.decoding import decode_workers, translate_lines
 from translate.hardware import describe_machine, resolve_device
 from translate.inference import keep_freed_memory, load_models
+from translate.serve import ProcessBatcher, decoding_load
 from translate.translator import decode_options
 
 
@@ -53,6 +60,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=0, help="the server's --workers (0: its default)")
     p.add_argument("--per-request", type=int, default=1, help='sentences in each request (1: {"text": ...})')
     p.add_argument("--repeats", type=int, default=1, help="runs of everything, taking turns; medians printed")
+    p.add_argument(
+        "--without-http",
+        action="store_true",
+        help="also call the server's decoding processes from this process, without HTTP, at the most clients",
+    )
     return p.parse_args(argv)
 
 
@@ -80,12 +92,56 @@ class Server:
         self.proc.wait(timeout=120)
 
 
+def decoding_processes(checkpoint: str, window_ms: float, workers: int = 0) -> ProcessBatcher:
+    """The decoding processes `translate serve CHECKPOINT --device cpu` starts, with its defaults, in this process."""
+    workers = workers or decode_workers(torch.device("cpu"))
+    load = decoding_load([checkpoint], device="cpu", workers=workers, window_ms=window_ms)
+    batcher = ProcessBatcher(
+        load, workers=workers, threads=max(1, torch.get_num_threads() // workers), max_queue=1 << 20
+    )
+    batcher.start()
+    return batcher
+
+
+class HttpClient:
+    """One client of the server: a keep-alive connection that posts `{"text": ...}` or `{"texts": [...]}`."""
+
+    def __init__(self, port: int) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+
+    def translate(self, texts: list[str]) -> list[str]:
+        body = {"text": texts[0]} if len(texts) == 1 else {"texts": texts}
+        self.conn.request("POST", "/translate", json.dumps(body), {"Content-Type": "application/json"})
+        response = self.conn.getresponse()
+        answer = response.read()
+        if response.status != 200:
+            raise SystemExit(f"the server answered {response.status}: {answer.decode()}")
+        got = json.loads(answer)
+        return [got["translation"]] if len(texts) == 1 else got["translations"]
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class DirectClient:
+    """One client of the server's decoding processes called in this process, without HTTP."""
+
+    def __init__(self, batcher: ProcessBatcher, search: SearchOptions) -> None:
+        self.batcher, self.search = batcher, search
+
+    def translate(self, texts: list[str]) -> list[str]:
+        return [nbest[0][0] for nbest in self.batcher.submit(texts, self.search).result()]
+
+    def close(self) -> None:
+        pass
+
+
 def run_clients(
-    port: int, sentences: list[str], clients: int, per_request: int = 1
+    connect: Callable[[], HttpClient | DirectClient], sentences: list[str], clients: int, per_request: int = 1
 ) -> tuple[float, list[float], list[str]]:
     """(seconds, per-request latencies, translations in input order) with `clients` threads, each
-    request carrying `per_request` consecutive sentences (`{"text": ...}` for one, else `{"texts": [...]}`),
-    each thread taking the next request not yet sent."""
+    with its own `connect()`, each request carrying `per_request` consecutive sentences, each
+    thread taking the next request not yet sent."""
     results: list[str] = [""] * len(sentences)
     latencies: list[float] = []
     starts = list(range(0, len(sentences), per_request))
@@ -97,20 +153,13 @@ def run_clients(
             return next(todo, None)
 
     def client(_: int) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        me = connect()
         while (i := next_start()) is not None:
             texts = sentences[i : i + per_request]
-            body = {"text": texts[0]} if per_request == 1 else {"texts": texts}
             start = time.perf_counter()
-            conn.request("POST", "/translate", json.dumps(body), {"Content-Type": "application/json"})
-            response = conn.getresponse()
-            answer = response.read()
+            results[i : i + len(texts)] = me.translate(texts)
             latencies.append(time.perf_counter() - start)
-            if response.status != 200:
-                raise SystemExit(f"the server answered {response.status}: {answer.decode()}")
-            got = json.loads(answer)
-            results[i : i + len(texts)] = [got["translation"]] if per_request == 1 else got["translations"]
-        conn.close()
+        me.close()
 
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
@@ -138,8 +187,11 @@ def main(argv: list[str] | None = None) -> None:
         f"medians of {args.repeats} repeat(s)"
     )
     server = Server(args.checkpoint, args.batch_window_ms, args.workers)
+    direct, direct_runs = None, []
     try:
-        run_clients(server.port, sentences[:4], 1)  # warm up
+        if args.without_http:
+            direct = decoding_processes(args.checkpoint, args.batch_window_ms, args.workers)
+        run_clients(lambda: HttpClient(server.port), sentences[:4], 1)  # warm up
         decode_s: list[float] = []
         rounds_s: list[float] = []
         ending_s: list[float] = []
@@ -174,11 +226,19 @@ def main(argv: list[str] | None = None) -> None:
                 list(translate_lines(models, tokenizer, group, search, batch_tokens=batch_tokens))
             ending_s.append(time.perf_counter() - start)
             for c in clients:
-                seconds, latencies, got = run_clients(server.port, sentences, c, args.per_request)
+                seconds, latencies, got = run_clients(lambda: HttpClient(server.port), sentences, c, args.per_request)
                 runs[c].append((seconds, latencies))
+                same.append(sum(a == b for a, b in zip(got, expected)) / len(sentences))
+            if direct is not None:
+                seconds, latencies, got = run_clients(
+                    lambda: DirectClient(direct, search), sentences, clients[-1], args.per_request
+                )
+                direct_runs.append((seconds, latencies))
                 same.append(sum(a == b for a, b in zip(got, expected)) / len(sentences))
     finally:
         server.stop()
+        if direct is not None:
+            direct.stop()
     decode_rate = len(sentences) / statistics.median(decode_s)
     print(f"{'':<22} {'sent/s':>9} {'p50 ms':>9} {'p99 ms':>9}")
     print(f"{'translate decode':<22} {decode_rate:>9.1f} {'':>9} {'':>9}")
@@ -192,12 +252,22 @@ def main(argv: list[str] | None = None) -> None:
         p50 = statistics.median(percentile(lat, 0.5) for _, lat in runs[c]) * 1000
         p99 = statistics.median(percentile(lat, 0.99) for _, lat in runs[c]) * 1000
         print(f"{f'serve, {c} client' + 's' * (c > 1):<22} {rate:>9.1f} {p50:>9.1f} {p99:>9.1f}")
+    if direct_runs:
+        direct_rate = len(sentences) / statistics.median(s for s, _ in direct_runs)
+        p50 = statistics.median(percentile(lat, 0.5) for _, lat in direct_runs) * 1000
+        p99 = statistics.median(percentile(lat, 0.99) for _, lat in direct_runs) * 1000
+        print(f"{'  ... without HTTP':<22} {direct_rate:>9.1f} {p50:>9.1f} {p99:>9.1f}")
     print(f"outputs equal to decode's: {100 * min(same):.1f}%")
     print(
         f"serve at {clients[-1]} clients / decode: {100 * rate / decode_rate:.0f}% of decode's sentences/s, "
         f"{100 * rate / rounds_rate:.0f}% of decode's in rounds of {clients[-1] * args.per_request} sentences, "
         f"{100 * rate / ending_rate:.0f}% of its rounds of sentences that end together"
     )
+    if direct_runs:
+        print(
+            f"the decoding processes without HTTP at {clients[-1]} clients: {100 * direct_rate / decode_rate:.0f}% of "
+            f"decode's sentences/s (the server with HTTP: {100 * rate / direct_rate:.0f}% of that)"
+        )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ stops accepting connections, answers every request already accepted (queued ones
 waiting out their window), and exits 0 (130 for Ctrl-C).
 Each request is logged with its size and latency; its text only with --log-text.
 
-About 720 lines: the request checks, the batchers and the HTTP application are one server and
+About 730 lines: the request checks, the batchers and the HTTP application are one server and
 change together; each piece is small and tested through a real socket (tests/test_serve.py).
 """
 
@@ -402,6 +402,19 @@ def messages(conn, until: str):
         yield message
 
 
+def decoding_load(
+    checkpoints: Sequence[str | Path], *, device: str, workers: int, window_ms: float = 5.0, dtype: str = "auto",
+    quantize: str | None = None, beam: int | None = None, length_penalty: float | None = None,
+    batch_tokens: int | None = None, protect: bool = True, max_batch: int = 256,
+) -> dict:  # fmt: skip
+    """What each decoding worker loads and how it batches, from serve's options (the defaults are serve's)."""
+    return {
+        "checkpoints": [str(c) for c in checkpoints], "device": device, "dtype": dtype, "quantize": quantize,
+        "beam": beam, "length_penalty": length_penalty, "batch_tokens": batch_tokens, "protect": protect,
+        "workers": workers, "window": window_ms / 1000, "max_batch": max_batch,
+    }  # fmt: skip
+
+
 def load_for_serving(load: dict, workers: int):
     """(models, tokenizer, search defaults, batch tokens of one decoding thread, protected span
     classes, the checkpoint's decode defaults for /health) from serve's options."""
@@ -662,11 +675,10 @@ def serve(
     sock = listen(host, port)
     dev = resolve_device(device)
     workers = workers or decode_workers(dev)
-    load = {
-        "checkpoints": [str(c) for c in checkpoints], "device": str(dev), "dtype": dtype, "quantize": quantize,
-        "beam": beam, "length_penalty": length_penalty, "batch_tokens": batch_tokens, "protect": protect,
-        "workers": workers, "window": batch_window_ms / 1000, "max_batch": max_batch,
-    }  # fmt: skip
+    load = decoding_load(
+        checkpoints, device=str(dev), workers=workers, window_ms=batch_window_ms, dtype=dtype, quantize=quantize,
+        beam=beam, length_penalty=length_penalty, batch_tokens=batch_tokens, protect=protect, max_batch=max_batch,
+    )  # fmt: skip
     if dev.type == "cpu" and workers > 1:  # decoding processes, each on its share of the threads
         import torch
 
