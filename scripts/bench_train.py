@@ -1,23 +1,30 @@
-"""Training speed of translate on the real corpus, and against a plain PyTorch reference.
+"""Training speed of translate: on a CPU against a plain PyTorch reference, on a GPU in steady state.
 
-    python scripts/bench_train.py                         # translate fp32 and bf16 (CPU autocast)
+    python scripts/bench_train.py                         # CPU: translate fp32 and bf16 (where native)
     python scripts/bench_train.py --vs-reference          # + torch.nn.Transformer reference, interleaved
     python scripts/bench_train.py --bf16-loss-steps 300   # valid loss after N steps, fp32 vs bf16
+    python scripts/bench_train.py --config configs/wmt14_base.yaml --set data.source=files \\
+        --set data.train=/tmp/syn/train --variant "25k x1=train.max_tokens=25000,train.accumulate=1"
 
-It trains the model of CONFIG (default configs/bible.yaml) on its train split, after a
-warm-up, in windows of --window updates; the trainers take turns window by window on the
-same batches, so that a busy machine slows them alike. It prints medians over the windows:
+Every figure comes from the trainer's own update (`Trainer.update`) on batches collated as
+training collates them (`Trainer.collate`); the first line says which machine class it ran on.
 
-- tokens/s: non-pad source + target tokens per second (and target tokens alone);
-- padding: share of pad positions among all source + target positions of the epoch's batches;
-- peak RSS of this process;
-- MFU (model FLOP utilisation): achieved model FLOPs/s over the machine's matmul peak, which the
-  script measures in the same run as the median rate of `torch.mm` on 2048x2048 fp32 (and bf16,
-  before and after the timed windows, keeping the higher; bf16 only where the CPU multiplies bf16 natively: elsewhere bf16 is emulated and neither timed nor
-  offered as a peak).
+On a CPU it trains the model of CONFIG (default configs/bible.yaml) on its train split, after a
+warm-up, in windows of --window updates of one batch; the trainers take turns window by window
+on the same batches, so that a busy machine slows them alike. It prints medians over the windows:
+tokens/s (non-pad source + target; and target alone), padding, peak RSS, and MFU (model FLOP
+utilisation) against the machine's matmul peak measured in the same run (`torch.mm`, 2048x2048,
+fp32, and bf16 where the CPU multiplies it natively).
 
-The first line says which machine class the figures come from (torch's CPU capability, native
-bf16 or not, cores).
+On a GPU (train.device cuda, or auto where one is) it measures the steady state, once per
+variant (the config as it is, then each --variant's overrides): the first --updates updates of
+the epoch with the config's accumulation, their batches collated ahead in a background thread
+into pinned memory as `translate train` does, run once to warm up (every batch shape builds its
+attention plans and, with train.compile, its graph), then timed. It prints per update: the host's
+time to queue it, the device's time (CUDA events) and the wall time; target tokens/s, model
+TFLOP/s and MFU against the GPU's bf16 matmul peak (measured: 8192x8192 torch.mm); the distinct
+batch shapes (of the timed updates, and of the whole epoch); the synchronisations one update
+makes (translate.syncs.SyncCounter) and the attention kernel it ran.
 
 Model FLOPs are counted analytically over the real (non-pad) tokens of each batch:
   6 * (encoder-layer parameters) per source token
@@ -29,6 +36,8 @@ Model FLOPs are counted analytically over the real (non-pad) tokens of each batc
 from __future__ import annotations
 
 import argparse
+import gc
+import itertools
 import resource
 import statistics
 import sys
@@ -41,13 +50,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from reference_trainer import ReferenceTrainer  # noqa: E402
 
-from translate.batching import padding_fraction  # noqa: E402
-from translate.config import Config, load_config  # noqa: E402
-from translate.data import Batch, collate  # noqa: E402
+from translate.batching import padding_fraction, round_up  # noqa: E402
+from translate.config import Config, config_from_dict, config_to_dict, load_config  # noqa: E402
+from translate.data import Batch, Prefetcher, collate  # noqa: E402
 from translate.hardware import cpu_info, describe_machine  # noqa: E402
 from translate.model import Transformer  # noqa: E402
+from translate.syncs import SyncCounter  # noqa: E402
 from translate.tokenizer import PAD  # noqa: E402
-from translate.train import Trainer  # noqa: E402
+from translate.train import PREFETCH, Trainer  # noqa: E402
 
 
 def matmul_peak(dtype: torch.dtype, device: torch.device = torch.device("cpu"), repeats: int = 7) -> float:
@@ -89,6 +99,17 @@ def real_tokens(batch: Batch) -> tuple[int, int]:
     return int((batch.src != PAD).sum()), batch.ntokens
 
 
+def with_overrides(cfg: Config, overrides: list[str]) -> Config:
+    return config_from_dict(config_to_dict(cfg), overrides)
+
+
+def make_trainer(cfg: Config, overrides: list[str]) -> Trainer:
+    return Trainer(with_overrides(cfg, overrides), resume=True)  # a scratch run: nothing is saved
+
+
+# ---------------------------------------------------------------------------- CPU: against the reference
+
+
 class Timed:
     """One trainer under test: a name, a step function, its batches (as it pads them), the windows it took."""
 
@@ -103,88 +124,43 @@ class Timed:
         tokens = sum(sum(real_tokens(b)) for b in batches)
         targets = sum(b.ntokens for b in batches)
         flops = sum(model_flops(self.flops_model, b) for b in batches)
-        device = next(self.flops_model.parameters()).device
-        sync(device)
         t = time.perf_counter()
         for b in batches:
             self.step(b)
-        sync(device)
         dt = time.perf_counter() - t
         self.tok_s.append(tokens / dt)
         self.tgt_s.append(targets / dt)
         self.flop_s.append(flops / dt)
 
 
-def make_trainer(cfg: Config, amp: str) -> Trainer:
-    cfg = load_config_with(cfg, [f"train.amp={amp}", f"name={cfg.name}_{amp}"])
-    trainer = Trainer(cfg, resume=True)  # a scratch run: nothing is saved
-    return trainer
-
-
-def load_config_with(cfg: Config, overrides: list[str]) -> Config:
-    from translate.config import config_from_dict, config_to_dict
-
-    return config_from_dict(config_to_dict(cfg), overrides)
-
-
-def ours(trainer: Trainer):
-    return lambda batch: trainer._update([batch], 0)
-
-
 def bf16_loss(cfg: Config, steps: int) -> None:
     """Valid loss after `steps` updates from the same initial weights, fp32 against bf16 autocast."""
     losses = {}
     for amp in ("off", "bf16"):
-        c = load_config_with(cfg, [f"train.max_steps={steps}", f"name={cfg.name}_loss_{amp}", f"train.amp={amp}"])
-        trainer = Trainer(c, resume=True)
+        trainer = make_trainer(cfg, [f"train.max_steps={steps}", f"name={cfg.name}_loss_{amp}", f"train.amp={amp}"])
         batches = trainer.epoch_batches(0)
         for i in range(steps):
-            trainer._update([collate(trainer.train_data, batches[i % len(batches)], c.train.pad_to_multiple)], 0)
+            trainer.update([trainer.collate(batches[i % len(batches)])])
         losses[amp] = trainer.validate()["loss"]
-        trainer._close()
         print(f"{amp}: valid loss after {steps} updates {losses[amp]:.4f}", flush=True)
     print(
         f"bf16 / fp32 valid loss: {losses['bf16'] / losses['off']:.4f} (relative difference {losses['bf16'] / losses['off'] - 1:+.2%})"
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="configs/bible.yaml")
-    parser.add_argument("--set", action="append", default=[], help="config override, section.key=value")
-    parser.add_argument("--run-dir", default="runs/bench", help="where the scratch runs (and prepared data) live")
-    parser.add_argument("--warmup", type=int, default=3, help="updates per trainer before timing")
-    parser.add_argument("--window", type=int, default=5, help="updates per timed window")
-    parser.add_argument("--windows", type=int, default=6, help="timed windows per trainer")
-    parser.add_argument(
-        "--precisions",
-        default=None,
-        help="translate precisions to time: fp32, bf16 (default: both where bf16 is native)",
-    )
-    parser.add_argument("--vs-reference", action="store_true", help="also time the nn.Transformer reference (fp32)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
-    parser.add_argument("--bf16-loss-steps", type=int, default=0, help="compare fp32/bf16 valid loss after N steps")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    cfg = load_config(args.config, [f"run_dir={args.run_dir}", "train.log_every=1000000", *args.set])
-    if args.bf16_loss_steps:
-        bf16_loss(cfg, args.bf16_loss_steps)
-        return
-
-    print(describe_machine(), flush=True)
+def cpu_benchmark(cfg: Config, args: argparse.Namespace) -> None:
     amp = {"fp32": "off", "bf16": "bf16"}
-    native = cpu_info().native_bf16 or torch.cuda.is_available()
+    native = cpu_info().native_bf16
     precisions = (args.precisions or ("fp32,bf16" if native else "fp32")).split(",")
-    trainers = {p: make_trainer(cfg, amp[p]) for p in precisions}
+    trainers = {p: make_trainer(cfg, [f"train.amp={amp[p]}", f"name={cfg.name}_{amp[p]}"]) for p in precisions}
     first = next(iter(trainers.values()))
     device = first.device
     index_batches = first.epoch_batches(0)
     pad = padding_fraction(index_batches, first.train_data.src_lens, first.train_data.tgt_lens)
     need = args.warmup + args.window * args.windows
-    # translate pads lengths to train.pad_to_multiple as its trainer does; the reference gets them as they come
-    padded = [collate(first.train_data, b, cfg.train.pad_to_multiple) for b in index_batches[:need]]
-    contenders = [Timed(f"translate {p}", ours(t), t.model, padded) for p, t in trainers.items()]
+    # translate's batches as its trainer collates them; the reference gets the lengths as they come
+    padded = [first.collate(b) for b in index_batches[:need]]
+    contenders = [Timed(f"translate {p}", lambda b, t=t: t.update([b]), t.model, padded) for p, t in trainers.items()]
     if args.vs_reference:
         torch.manual_seed(cfg.seed)
         ref = ReferenceTrainer(cfg, first.tokenizer.vocab_size)
@@ -237,7 +213,168 @@ def main() -> None:
             )
     print(f"peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB")
     for t in trainers.values():
-        t._close()
+        t.close()
+
+
+# ---------------------------------------------------------------------------- GPU: steady state
+
+
+def epoch_shapes(trainer: Trainer) -> set[tuple[int, int, int]]:
+    """The distinct (sentences, source length, target length) of the epoch's batches, from the lengths."""
+    pad = trainer.cfg.train.pad_to_multiple
+    src, tgt = trainer.train_data.src_lens, trainer.train_data.tgt_lens
+    return {
+        (len(b), round_up(int(src[b].max()), pad), round_up(int(tgt[b].max()), pad)) for b in trainer.epoch_batches(0)
+    }
+
+
+def steady_state(trainer: Trainer, n: int, peak: float) -> dict[str, float | str]:
+    """The first `n` updates of the epoch, warmed up once, then timed (see the module docstring)."""
+    device = trainer.device
+
+    def updates():
+        return Prefetcher(itertools.islice(trainer.planned_updates(0, 0), n), PREFETCH)
+
+    warm = time.perf_counter()
+    for planned in updates():
+        trainer.update(planned.batches, planned.all_ntokens)
+    sync(device)
+    warm = time.perf_counter() - warm
+    host, events, tokens, timed = [], [], 0, []
+    sync(device)
+    start = time.perf_counter()
+    for planned in updates():
+        t = time.perf_counter()
+        begin = torch.cuda.Event(enable_timing=True) if device.type == "cuda" else None
+        if begin is not None:
+            begin.record()
+        trainer.update(planned.batches, planned.all_ntokens)
+        if begin is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            events.append((begin, end))
+        host.append(time.perf_counter() - t)
+        tokens += planned.all_ntokens
+        timed += planned.batches
+    sync(device)
+    wall = (time.perf_counter() - start) / n
+    flops = sum(model_flops(trainer.model, b) for b in timed)
+    shapes = {(b.src.size(0), b.src.size(1), b.tgt_in.size(1)) for b in timed}
+    device_ms = statistics.median(b.elapsed_time(e) for b, e in events) if events else float("nan")
+    counter = SyncCounter()
+    planned = next(updates())
+    try:
+        with counter:
+            trainer.update(planned.batches, planned.all_ntokens)
+        sync(device)
+        syncs = sum(counter.syncs.values())
+    except Exception as e:  # e.g. a compiled graph that will not run under a dispatch mode
+        syncs, counter.syncs = -1, {f"not counted: {type(e).__name__}": 1}
+    return {
+        "tok_s": tokens / (wall * n),
+        "tflop_s": flops / (wall * n) / 1e12,
+        "mfu": flops / (wall * n) / peak,
+        "host_ms": statistics.median(host) * 1e3,
+        "device_ms": device_ms,
+        "wall_ms": wall * 1e3,
+        "warmup_s": warm,
+        "shapes": len(shapes),
+        "epoch_shapes": len(epoch_shapes(trainer)),
+        "syncs": syncs,
+        "sync_ops": ", ".join(f"{k} x{v}" for k, v in counter.syncs.items()) or "none",
+        "attention": ", ".join(sorted(k for k in counter.attention if not k.endswith("backward"))) or "none",
+        "memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan"),
+    }
+
+
+def steady_benchmark(cfg: Config, args: argparse.Namespace) -> None:
+    """Each variant's steady state (on a GPU; on a CPU with --steady-state, to try the measurement)."""
+    device = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device != "cpu" else "cpu")
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        print(
+            f"GPU: {name}; torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}"
+        )
+    dtype = torch.bfloat16 if device.type == "cuda" or cpu_info().native_bf16 else torch.float32
+    peak = matmul_peak(dtype, device)
+    n = 8192 if device.type == "cuda" else 2048
+    print(f"{dtype} matmul peak (torch.mm {n}x{n}, median): {peak / 1e12:,.2f} TFLOP/s", flush=True)
+    variants = [("as configured", [])] + [parse_variant(v) for v in args.variant]
+    rows = []
+    for label, overrides in variants:
+        trainer = make_trainer(cfg, [f"name={cfg.name}_bench", *overrides])
+        t = trainer.cfg.train
+        what = (
+            f"{label}: {t.max_tokens:,} tokens x {t.accumulate}, {trainer.precision}, compile {t.compile}, "
+            f"attention {t.attention}, pad_to_multiple {t.pad_to_multiple}"
+        )
+        print(f"== {what}", flush=True)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        try:
+            r = steady_state(trainer, args.updates, peak)
+        except Exception as e:  # one variant failing (a kernel missing, memory) leaves the others to run
+            print(f"   failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}", flush=True)
+            r = None
+        trainer.close()
+        del trainer
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if r is None:
+            continue
+        print(
+            f"   {r['tok_s']:,.0f} target tok/s, {r['tflop_s']:.1f} TFLOP/s, MFU {r['mfu']:.1%}; per update: host "
+            f"{r['host_ms']:.1f} ms, device {r['device_ms']:.1f} ms, wall {r['wall_ms']:.1f} ms; warm-up {r['warmup_s']:.0f} s; "
+            f"shapes {r['shapes']} timed, {r['epoch_shapes']} in the epoch; syncs/update {r['syncs']} ({r['sync_ops']}); "
+            f"attention {r['attention']}; peak memory {r['memory_gb']:.1f} GiB",
+            flush=True,
+        )
+        rows.append((label, r))
+    print()
+    print(
+        f"{'variant':28} {'target tok/s':>13} {'TFLOP/s':>8} {'MFU':>6} {'host ms':>8} {'device ms':>10} {'syncs':>6}  attention"
+    )
+    for label, r in rows:
+        print(
+            f"{label:28} {r['tok_s']:>13,.0f} {r['tflop_s']:>8.1f} {r['mfu']:>6.1%} {r['host_ms']:>8.1f} "
+            f"{r['device_ms']:>10.1f} {r['syncs']:>6}  {r['attention']}"
+        )
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """'LABEL=key=value,key=value' -> (LABEL, ['key=value', ...])."""
+    label, _, overrides = text.partition("=")
+    return label, [o for o in overrides.split(",") if o]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="configs/bible.yaml")
+    parser.add_argument("--set", action="append", default=[], help="config override, section.key=value")
+    parser.add_argument("--run-dir", default="runs/bench", help="where the scratch runs (and prepared data) live")
+    parser.add_argument("--warmup", type=int, default=3, help="CPU: updates per trainer before timing")
+    parser.add_argument("--window", type=int, default=5, help="CPU: updates per timed window")
+    parser.add_argument("--windows", type=int, default=6, help="CPU: timed windows per trainer")
+    parser.add_argument("--precisions", default=None, help="CPU: translate precisions to time: fp32, bf16")
+    parser.add_argument("--vs-reference", action="store_true", help="CPU: also time the nn.Transformer reference")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    parser.add_argument("--bf16-loss-steps", type=int, default=0, help="compare fp32/bf16 valid loss after N steps")
+    parser.add_argument("--updates", type=int, default=40, help="GPU: updates warmed up, then timed")
+    parser.add_argument("--steady-state", action="store_true", help="the GPU's measurement, also on a CPU")
+    parser.add_argument(
+        "--variant", action="append", default=[], help="GPU: 'LABEL=key=value,...' also timed with these overrides"
+    )
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = load_config(args.config, [f"run_dir={args.run_dir}", "train.log_every=1000000", *args.set])
+    if args.bf16_loss_steps:
+        bf16_loss(cfg, args.bf16_loss_steps)
+        return
+    print(describe_machine(), flush=True)
+    on_gpu = cfg.train.device.startswith("cuda") or (cfg.train.device == "auto" and torch.cuda.is_available())
+    steady_benchmark(cfg, args) if on_gpu or args.steady_state else cpu_benchmark(cfg, args)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ def test_init_from_starts_from_the_checkpoints_weights_and_vocabulary(trained_ru
         assert trainer.tokenizer.model_bytes == ckpt["spm_model"]
         assert (trainer.run / "spm.model").read_bytes() == ckpt["spm_model"]
         assert trainer.cfg.vocab.size == ckpt["config"]["vocab"]["size"]
-        assert trainer.progress.step == 0 and not trainer.optimizer.state
+        assert trainer.state.step == 0 and not trainer.optimizer.state
         assert trainer.init_from == {"path": str(source.resolve()), "step": ckpt["step"]}
         reference, _, _ = load_model(source)
         batch = collate(load_split(trainer.run / "data", "train"), list(range(8)))
@@ -32,7 +32,7 @@ def test_init_from_starts_from_the_checkpoints_weights_and_vocabulary(trained_ru
         with torch.no_grad():
             assert torch.equal(trainer.model(batch.src, batch.tgt_in), reference(batch.src, batch.tgt_in))
     finally:
-        trainer._close()
+        trainer.close()
 
 
 def test_init_from_on_the_command_line_is_recorded_and_shown(trained_run, tmp_path):

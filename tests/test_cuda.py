@@ -1,17 +1,23 @@
 """CUDA paths: mixed precision training (bf16, fp16 with the gradient scaler), the precision
-chosen by `auto`, half-precision decoding against fp32, and the CUDA RNG state of checkpoints.
+chosen by `auto`, updates without synchronisation, the additive padding mask, half-precision
+decoding against fp32, and the CUDA RNG state of checkpoints.
 
 `pytest -m cuda` runs them where a GPU is (scripts/gpu_check.sh does, with the benchmarks);
 on a machine without one each test skips with the reason."""
+
+import itertools
 
 import pytest
 import torch
 from conftest import FIXTURES, run_cli, tiny_config
 
 from translate.checkpoint import load_checkpoint, rng_state, set_rng_state
-from translate.config import SearchOptions
+from translate.config import ModelConfig, SearchOptions, load_config
 from translate.decoding import translate_lines
 from translate.inference import load_models
+from translate.model import Transformer
+from translate.tokenizer import PAD
+from translate.train import Trainer
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -59,3 +65,38 @@ def test_half_precision_decoding_agrees_with_fp32(tmp_path):
     same = {d: sum(a == b for a, b in zip(outputs[d], outputs["fp32"])) / len(lines) for d in ("bf16", "fp16")}
     print(", ".join(f"{d}: {v:.0%} of 1-best lines equal to fp32's" for d, v in same.items()))
     assert all(v >= 0.8 for v in same.values()), same
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_training_updates_on_the_gpu_make_no_synchronisation(tmp_path, amp):
+    """torch.cuda.set_sync_debug_mode("error") raises on any synchronisation: none in the updates
+    after the first (which creates the optimizer's state and the libraries' handles)."""
+    t = Trainer(load_config(tiny_config(tmp_path, name=amp, amp=amp, device="cuda", accumulate=2)), resume=False)
+    planned = list(itertools.islice(t.planned_updates(0, 0), 4))
+    t.update(planned[0].batches, planned[0].all_ntokens)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        results = [t.update(p.batches, p.all_ntokens) for p in planned[1:]]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert not any(bool(r.skipped) for r in results) or amp == "fp16"  # fp16 may skip while its scale settles
+    assert all(torch.isfinite(r.loss) for r in results)
+    t.close()
+
+
+def test_the_additive_padding_mask_gives_the_boolean_masks_output():
+    """On a GPU `forward` makes the padding mask additive once; encode/decode with the boolean one agree."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_heads=2, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=0.0)
+    model = Transformer(cfg, 50).cuda().eval()
+    src = torch.randint(4, 50, (3, 7), device="cuda")
+    src[0, 4:] = PAD
+    src[2, 2:] = PAD
+    tgt = torch.randint(4, 50, (3, 5), device="cuda")
+    with torch.no_grad():
+        additive = model(src, tgt)
+        memory, mask = model.encode(src)
+        boolean = model.output(model.decode(tgt, memory, mask))
+    assert mask.dtype == torch.bool
+    torch.testing.assert_close(additive, boolean, atol=1e-5, rtol=1e-4)

@@ -534,7 +534,7 @@ def test_out_of_memory_while_training_names_the_settings(cli, run_copy, monkeypa
     def oom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr("translate.train.Trainer._forward_loss", oom)
+    monkeypatch.setattr("translate.train.Trainer.forward_loss", oom)
     code, _, err = cli("train", *options, "--resume")
     assert_one_error(code, err, "out of memory", "step 8", "lower train.max_tokens", "train.accumulate", logs=True)
     assert not changed(before)

@@ -116,7 +116,7 @@ def test_attention_maps_shapes_and_keep_mask():
         maps = model.attention(src, tgt)
         full = model(src, tgt)
         keep = torch.tensor([[True, False, True], [True, True, False]])
-        kept = model(src, tgt, keep)
+        kept = model(src, tgt, keep.view(-1).nonzero().squeeze(1))  # flat positions
     assert maps["cross"][0].shape == (2, 4, 3, 5) and maps["encoder"][1].shape == (2, 4, 5, 5)
     assert maps["decoder"][0].shape == (2, 4, 3, 3)
     torch.testing.assert_close(kept, full[keep])

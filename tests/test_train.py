@@ -15,8 +15,8 @@ from translate import hardware
 from translate.batching import round_up
 from translate.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, load_model, step_checkpoints
 from translate.config import config_from_dict, load_config
-from translate.data import collate
 from translate.errors import UserError
+from translate.syncs import SyncCounter
 from translate.train import Trainer, lr_lambda
 
 
@@ -50,12 +50,12 @@ def test_accumulating_two_batches_equals_one_batch_of_both(tmp_path):
     for t in (a, b):  # plain SGD: Adam would blow numerical noise (e.g. key biases' ~0 gradients) up to full steps
         t.optimizer = torch.optim.SGD(t.model.parameters(), lr=1.0)
     batches = a.epoch_batches(0)[:2]
-    a._update([collate(a.train_data, idx) for idx in batches], 0)
-    b._update([collate(b.train_data, np.concatenate(batches))], 0)
+    a.update([a.collate(idx) for idx in batches])
+    b.update([b.collate(np.concatenate(batches))])
     for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters()):
         torch.testing.assert_close(pa, pb, atol=1e-6, rtol=1e-5, msg=name)
     for t in (a, b):
-        t._close()
+        t.close()
 
 
 def test_padding_to_a_multiple_changes_neither_loss_nor_gradient(tmp_path):
@@ -66,46 +66,55 @@ def test_padding_to_a_multiple_changes_neither_loss_nor_gradient(tmp_path):
         if runs:
             t.model.load_state_dict(runs[1][0].model.state_dict())
         idx = t.epoch_batches(0)[0] if idx is None else idx  # the same sentences in both
-        batch = collate(t.train_data, idx, pad)
-        loss, nll = t._forward_loss(batch)
+        batch = t.collate(idx)
+        loss, nll = t.forward_loss(batch)
         loss.backward()
         runs[pad] = (t, batch, loss.detach(), nll, [p.grad.clone() for p in t.model.parameters()])
     (a, ba, la, na, ga), (b, bb, lb, nb, gb) = runs[1], runs[8]
     assert bb.src.size(1) == round_up(ba.src.size(1), 8) and bb.tgt_in.size(1) == round_up(ba.tgt_in.size(1), 8)
-    assert int(bb.projected(64).sum()) == min(round_up(bb.ntokens, 64), bb.tgt_out.numel())
+    assert len(ba.keep) == ba.ntokens and len(bb.keep) == min(round_up(bb.ntokens, 64), bb.tgt_out.numel())
     torch.testing.assert_close(lb, la, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(nb, na, rtol=1e-5, atol=1e-4)
     for g1, g8 in zip(ga, gb):
         torch.testing.assert_close(g8, g1, rtol=1e-4, atol=1e-6)
     for t in (a, b):
-        t._close()
+        t.close()
 
 
 def test_bf16_autocast_on_cpu_trains(tmp_path, monkeypatch):
     monkeypatch.setattr(hardware, "_cpu_info", hardware.CpuInfo("AVX512", True, "mocked", 2))  # emulated if not
     t = Trainer(cfg_for(tmp_path, "bf16", amp="bf16"), resume=False)
-    batch = collate(t.train_data, t.epoch_batches(0)[0])
+    batch = t.collate(t.epoch_batches(0)[0])
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = t.net(batch.src, batch.tgt_in)
     assert logits.dtype == torch.bfloat16
     before = [p.detach().clone() for p in t.model.parameters()]
-    sums, finite, _ = t._update([batch], 0)
-    assert finite and math.isfinite(float(sums["loss"]))
+    result = t.update([batch])
+    assert not result.skipped and math.isfinite(float(result.loss))
     assert all(p.dtype == torch.float32 for p in t.model.parameters())  # master weights stay fp32
     assert any(not torch.equal(a, p) for a, p in zip(before, t.model.parameters()))
-    t._close()
+    t.close()
 
 
 def test_non_finite_updates_are_skipped_then_stop(tmp_path, monkeypatch):
-    t = Trainer(cfg_for(tmp_path, "nan", max_bad_steps=3), resume=False)
-    before = {k: v.clone() for k, v in t.model.state_dict().items()}
-    forward = t._forward_loss
-    monkeypatch.setattr(t, "_forward_loss", lambda batch: tuple(x * float("nan") for x in forward(batch)))
-    with pytest.raises(UserError, match="3 updates in a row had a non-finite loss"):
-        t.fit()
-    assert t.progress.skipped == 3 and t.progress.step == 0
+    """A non-finite update leaves the weights and the optimizer's moments as they were (on the
+    device: no synchronisation); the loop counts such updates when it next logs (every 2 updates
+    here) and stops once train.max_bad_steps or more came in a row."""
+    t = Trainer(cfg_for(tmp_path, "nan", max_bad_steps=3, log_every=2), resume=False)
+    batches = [t.collate(idx) for idx in t.epoch_batches(0)[:2]]
+    assert not bool(t.update(batches[:1]).skipped)  # one good update: the moments exist
+    weights = {k: v.clone() for k, v in t.model.state_dict().items()}
+    moments = {k: v.clone() for k, v in t.optimizer.state_dict()["state"][0].items()}
+    forward = t.forward_loss
+    monkeypatch.setattr(t, "forward_loss", lambda batch: tuple(x * float("nan") for x in forward(batch)))
+    assert bool(t.update(batches[1:]).skipped)
+    for k, v in t.optimizer.state_dict()["state"][0].items():
+        assert torch.equal(v, moments[k]), k
+    with pytest.raises(UserError, match=r"^4 updates in a row had a non-finite loss or gradient at step 4"):
+        t.fit()  # 2 in a row at the log of step 2, 4 at step 4
+    assert t.state.skipped == t.state.step == 4
     for k, v in t.model.state_dict().items():
-        assert torch.equal(v, before[k]), k
+        assert torch.equal(v, weights[k]), k
 
 
 @pytest.mark.slow  # trains end to end: `make test-all` and CI run it
@@ -233,3 +242,35 @@ def test_info_says_what_the_run_trained_on(trained_run):
     out = run_cli("info", run / "checkpoints" / "last.pt").stdout
     assert "trained on: cpu x1, fp32 (train.amp off: train.amp off -> fp32)" in out and "time trained:" in out
     assert (run / "config.yaml").read_text().startswith("# precision fp32: train.amp off")
+
+
+def test_the_sync_counter_sees_what_makes_the_host_wait():
+    x = torch.randn(4, 5)
+    with SyncCounter() as counter:
+        x.sum().item()
+        bool((x > 0).any())
+        x[x > 0]
+        torch.where(x > 0)
+        x[torch.tensor([0, 1])]  # an index of positions: no wait
+        with counter.paused():
+            x.sum().item()
+    assert counter.syncs == {"_local_scalar_dense": 2, "index": 1, "nonzero": 1}
+
+
+@pytest.mark.parametrize("steps", [3, 6])
+def test_training_updates_make_no_synchronisation(tmp_path, steps):
+    """Two runs that differ only in max_steps, with a time budget and accumulation: outside
+    logging, validation and checkpoints, the loop makes no device->host synchronisation."""
+    cfg = cfg_for(tmp_path, f"s{steps}", max_steps=steps, max_time="1h", accumulate=2, log_every=2, eval_every=100)
+    t = Trainer(cfg, resume=False)
+    counter = SyncCounter()
+    for name in ("validate", "save", "log_train"):
+        setattr(t, name, counter.uncounted(getattr(t, name)))
+    updates = []
+    update = t.update
+    t.update = lambda *args, **kwargs: updates.append(1) or update(*args, **kwargs)
+    with counter:
+        t.fit()
+    assert len(updates) == steps and t.state.step == steps
+    assert counter.syncs == {}, counter.syncs
+    assert counter.attention  # the counter saw the updates' operations

@@ -102,6 +102,8 @@ class TrainConfig:
         "auto"  # auto: bf16 where native (CUDA, AVX-512 BF16/AMX), else fp32/fp16
     )
     compile: bool = False
+    # the scaled-dot-product attention kernel on a GPU: auto (torch's choice) or only cudnn | flash | efficient | math
+    attention: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     threads: Optional[int] = None  # CPU threads (torch.set_num_threads)
     log_every: int = 100

@@ -12,7 +12,9 @@ the lengths alone; `collate` pads them into tensors.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+import queue
+import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,32 +125,39 @@ class Batch:
     tgt_in: torch.Tensor  # (B, T) BOS + pieces
     tgt_out: torch.Tensor  # (B, T) pieces + EOS
     ntokens: int  # non-pad target tokens
+    keep: torch.Tensor | None = None  # (N,) flat (B*T) positions whose logits the loss needs (see collate)
 
     def to(self, device: torch.device) -> Batch:
+        """On `device`; from pinned memory the copies do not wait for the device (non_blocking)."""
         nb = device.type == "cuda"
-        return Batch(
-            self.src.to(device, non_blocking=nb),
-            self.tgt_in.to(device, non_blocking=nb),
-            self.tgt_out.to(device, non_blocking=nb),
-            self.ntokens,
-        )
+        keep = self.keep.to(device, non_blocking=nb) if self.keep is not None else None
+        moved = (x.to(device, non_blocking=nb) for x in (self.src, self.tgt_in, self.tgt_out))
+        return Batch(*moved, self.ntokens, keep)
 
-    def projected(self, multiple: int = 1) -> torch.Tensor:
-        """(B, T) bool: the target positions whose logits the loss needs (the non-pad ones), and after
-        them as many padding positions as make the count a multiple of `multiple` (where the batch
-        has that many): the loss counts padding for nothing, and the output projection sees fewer
-        distinct row counts."""
-        keep = self.tgt_out != PAD
-        extra = -self.ntokens % multiple
-        if extra:
-            flat = keep.view(-1)
-            flat[(~flat).nonzero().squeeze(1)[:extra]] = True
-        return keep
+    def pin_memory(self) -> Batch:
+        keep = self.keep.pin_memory() if self.keep is not None else None
+        return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory(), self.ntokens, keep)
 
 
-def collate(data: SplitData, indices: np.ndarray, pad_to_multiple: int = 1) -> Batch:
+def projected_positions(tgt_out: np.ndarray, ntokens: int, multiple: int) -> np.ndarray:
+    """Flat positions of `tgt_out` (B, T) whose logits the loss needs: the non-pad ones, and after
+    them as many padding positions as make the count a multiple of `multiple` (where the batch has
+    that many). Padding counts for nothing in the loss; the rounding gives the output projection
+    a few distinct row counts. Computed on the host, so the update never asks the device which
+    positions are padding."""
+    keep = tgt_out.reshape(-1) != PAD
+    extra = -ntokens % multiple
+    if extra:
+        keep[np.flatnonzero(~keep)[:extra]] = True
+    return np.flatnonzero(keep)
+
+
+def collate(
+    data: SplitData, indices: np.ndarray, pad_to_multiple: int = 1, project_multiple: int | None = None
+) -> Batch:
     """The sentences `indices` as padded tensors, each side's length rounded up to a multiple of
-    `pad_to_multiple`.
+    `pad_to_multiple`; with `project_multiple`, `keep` holds the positions to project
+    (`projected_positions`).
 
     With batches packed by the same rounded lengths (batching.token_batches), the matrix products
     see a few shapes: on a CPU in bf16 every new shape makes oneDNN build its kernels and buffers
@@ -168,4 +177,66 @@ def collate(data: SplitData, indices: np.ndarray, pad_to_multiple: int = 1) -> B
         tgt_in[b, 0], tgt_in[b, 1 : len(t) + 1] = BOS, t
         tgt_out[b, : len(t)], tgt_out[b, len(t)] = t, EOS
     ntokens = sum(len(t) + 1 for t in tgts)
-    return Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out), ntokens)
+    keep = (
+        None if project_multiple is None else torch.from_numpy(projected_positions(tgt_out, ntokens, project_multiple))
+    )
+    return Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out), ntokens, keep)
+
+
+# ---------------------------------------------------------------------------- ahead of time
+
+
+class Prefetcher(Iterator):
+    """The items of `items`, made ahead in a background thread, at most `depth` waiting.
+
+    Training collates the next updates' batches here (into pinned memory on a GPU) while the
+    device works on the current one. The items come in their order; an exception raised while
+    making one is raised by the `next` that would have returned it. `close` stops the thread."""
+
+    _END = object()
+
+    def __init__(self, items: Iterable, depth: int = 2) -> None:
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.closed = threading.Event()
+        self.finished = False
+        self.thread = threading.Thread(target=self._fill, args=(iter(items),), name="translate-prefetch", daemon=True)
+        self.thread.start()
+
+    def _fill(self, items: Iterator) -> None:
+        try:
+            for item in items:
+                if not self._put(item):
+                    return
+            self._put(self._END)
+        except BaseException as error:  # handed to the consumer, which raises it
+            self._put(_Failure(error))
+
+    def _put(self, item) -> bool:
+        while not self.closed.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __next__(self):
+        if self.finished:
+            raise StopIteration
+        item = self.queue.get()
+        if item is self._END:
+            self.finished = True
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self.finished = True
+            raise item.error
+        return item
+
+    def close(self) -> None:
+        self.closed.set()
+        self.thread.join()
+
+
+@dataclass
+class _Failure:
+    error: BaseException

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -181,6 +182,24 @@ def choose_decode_dtype(dtype: str, device: torch.device) -> tuple[str, str]:
         if not cpu_info().native_bf16:
             raise _no_native_bf16("--dtype", "bf16")
     return dtype, f"--dtype {dtype}"
+
+
+SDPA_KERNELS = {
+    "cudnn": "CUDNN_ATTENTION",
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "math": "MATH",
+}
+
+
+def attention_kernels(name: str, device: torch.device) -> AbstractContextManager:
+    """A context in which scaled-dot-product attention uses only kernel `name` (train.attention) on a
+    GPU; `auto`, and any choice on other devices, leave it to torch."""
+    if name == "auto" or device.type != "cuda":
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([getattr(SDPBackend, SDPA_KERNELS[name])])
 
 
 def describe_machine() -> str:

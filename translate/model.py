@@ -424,9 +424,12 @@ class Transformer(nn.Module):
         x = emb(tokens) * math.sqrt(self.cfg.d_model) + pe[offset : offset + L].to(emb.weight.dtype)
         return self.dropout(x)
 
-    def encode(self, src: torch.Tensor, need_weights: bool = False):
-        """src (B, S) -> memory (B, S, D), src_mask (B, 1, 1, S) [, per-layer self-attention weights]."""
-        src_mask = (src != PAD)[:, None, None, :]
+    def encode(self, src: torch.Tensor, need_weights: bool = False, src_mask: torch.Tensor | None = None):
+        """src (B, S) -> memory (B, S, D), src_mask (B, 1, 1, S) [, per-layer self-attention weights].
+
+        src_mask: True = real token (made from src when not given), or an additive float mask (forward)."""
+        if src_mask is None:
+            src_mask = (src != PAD)[:, None, None, :]
         x = self.embed_tokens(self.embed, src)
         weights = []
         for layer in self.encoder:
@@ -449,12 +452,20 @@ class Transformer(nn.Module):
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         """Teacher forcing. src (B, S), tgt_in (B, T) -> logits (B, T, V).
 
-        With `keep` (B, T) bool, only those positions are projected: logits (N, V), N = keep.sum().
+        With `keep` (N,), flat positions of (B, T), only those are projected: logits (N, V).
+        On a GPU the padding mask is made additive once here, rather than converted from bool by
+        each of the attention calls that use it.
         """
-        memory, src_mask = self.encode(src)
+        src_mask = (src != PAD)[:, None, None, :]
+        if src.device.type == "cuda":
+            dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else self.embed.weight.dtype
+            src_mask = torch.zeros(src_mask.shape, dtype=dtype, device=src.device).masked_fill_(
+                ~src_mask, float("-inf")
+            )
+        memory, src_mask = self.encode(src, src_mask=src_mask)
         h = self.decode(tgt_in, memory, src_mask)
         if keep is not None:
-            h = h[keep]  # (N, D)
+            h = h.flatten(0, 1).index_select(0, keep)  # (N, D)
         return self.output(h)
 
     def attention(self, src: torch.Tensor, tgt_in: torch.Tensor) -> dict[str, list[torch.Tensor]]:

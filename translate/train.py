@@ -6,19 +6,30 @@ update does not depend on how the tokens were split across batches or devices. T
 position (epoch, global batch index) is part of every checkpoint: a resumed run reads
 exactly the batches an uninterrupted run would have read.
 
-The Trainer stays one class of about 500 lines: its methods share one run's state (model,
-optimizer, progress, clocks, TensorBoard writer). What does not need that state lives elsewhere:
-the run directory in rundir.py, the processes of a torchrun in distributed.py, the data in prepare.py and data.py.
+An update makes no device->host synchronisation, so that on a GPU the host queues the next
+update while the device computes this one: the token counts come from the batches' lengths on
+the host, the stop flags (a signal, the time budget) are host values agreed in one collective
+between the ranks (on the host), an update whose loss or gradient is not finite is skipped by the
+fused optimizer on the device (`found_inf`, as GradScaler does) and counted when the loop next
+logs or saves, and the batches of the next updates are collated ahead in a background thread
+(into pinned memory on a GPU). tests/test_train.py counts the synchronisations of updates.
+
+The Trainer holds one run's model, optimizer and data; its state lives in types of its own
+(trainstate.py: `TrainState`, `Clock`, `Speedometer`, the stop checks; trainlog.py:
+`TensorboardLogger`). The run directory is rundir.py's, the processes of a torchrun
+distributed.py's, the data prepare.py's and data.py's.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 import math
 import random
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -27,8 +38,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
 
 from translate.adapt import adapted_config, init_record, load_init
 from translate.batching import token_batches
@@ -44,19 +53,20 @@ from translate.checkpoint import (
     versions,
 )
 from translate.config import Config, config_to_dict, parse_duration, save_config
-from translate.data import Batch, collate, load_split
+from translate.data import Batch, Prefetcher, collate, load_split
 from translate.decoding import translate_lines
 from translate.distributed import World, init_process_group, wait_for, watch_launcher
 from translate.errors import UserError
-from translate.evaluate import score, sentence_chrf
-from translate.hardware import choose_amp, cpu_info, host_memory_mb, is_out_of_memory, resolve_device
+from translate.evaluate import score
+from translate.hardware import attention_kernels, choose_amp, cpu_info, is_out_of_memory, resolve_device
 from translate.loss import label_smoothed_nll_loss
 from translate.model import Transformer, count_parameters
-from translate.plot import attention_figure, attention_maps, figure_to_array, heads_figure, sample_indices
 from translate.prepare import is_prepared, prepare
-from translate.rundir import RunLock, check_run_dir, check_same_setup, link, truncate_events
+from translate.rundir import RunLock, check_run_dir, check_same_setup, link
 from translate.textio import read_all_lines
 from translate.tokenizer import PAD, Tokenizer
+from translate.trainlog import TensorboardLogger
+from translate.trainstate import Clock, Speedometer, TrainState, UpdateResult, stop_reason
 
 log = logging.getLogger("translate")
 
@@ -100,18 +110,18 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-@dataclass
-class Progress:
-    """Counters saved in every checkpoint; `position` is the next global batch of `epoch`."""
+PREFETCH = 2  # updates collated ahead of the one the device works on
 
-    step: int = 0
-    epoch: int = 0
-    position: int = 0
-    best: float | None = None
-    best_step: int = 0
-    bad_evals: int = 0
-    skipped: int = 0
-    elapsed: float = 0.0  # seconds of training (updates, validation, checkpoints) over every session
+
+@dataclass
+class PlannedUpdate:
+    """The batches of one update, collated ahead, and where the epoch stands once it is made."""
+
+    epoch: int
+    position: int  # the epoch's next global batch after this update
+    batches: list[Batch]  # this rank's
+    all_ntokens: int  # target tokens of every rank's batches (from their lengths: no collective)
+    last: bool  # the last update of train.max_epochs
 
 
 class StopRequest:
@@ -141,17 +151,21 @@ class Trainer:
         self.init_from = init_record(cfg, init) if init else None
         self.cfg, self.run = cfg, cfg.run_path
         self.ckpt_dir = self.run / "checkpoints"
-        self.clock = {"set-up": 0.0, "updates": 0.0, "validation": 0.0, "checkpoints": 0.0}
+        self.clock = Clock()
         setup_start = time.perf_counter()
         self._join(cfg)
         resumed = self._prepare(cfg, resume)
         self._load_data(cfg)
         self._build(cfg, resume, resumed, init)
         del init
-        self.writer: SummaryWriter | None = None
+        self.logger = TensorboardLogger(self.run / "tb", self.main, self.state.step, resume)
         if self.main:
-            self._open_logs(cfg, resume)
-        self.clock["set-up"] = time.perf_counter() - setup_start
+            self._write_header(cfg)
+        self.speed = Speedometer(self.device, self.state.skipped)
+        self.session = (time.perf_counter(), self.state.elapsed, self.state.step)  # when, and how far, it started
+        self.metrics: dict[str, float] = {}
+        self.closed = False
+        self.clock.setup = time.perf_counter() - setup_start
 
     def _join(self, cfg: Config) -> None:
         """Which process this is, on which device, at which precision and thread count."""
@@ -178,8 +192,11 @@ class Trainer:
             prepare(cfg)
         else:
             wait_for(lambda: is_prepared(cfg), timeout, f"rank 0 to prepare the data in {self.run / 'data'}")
+        self.host_group = None  # where the ranks agree on host values: gloo (NCCL's would need the GPU)
         if self.distributed:
             init_process_group(self.device, timeout)
+            if self.device.type != "cpu":
+                self.host_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
         return resumed
 
     def _load_data(self, cfg: Config) -> None:
@@ -197,7 +214,7 @@ class Trainer:
         self.optimizer = build_optimizer(cfg, self.model)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == torch.float16)
-        self.progress = Progress()
+        self.state = TrainState()
         last = self.ckpt_dir / "last.pt"
         if resume and last.is_file():
             self._restore(resumed or load_checkpoint(last))
@@ -213,14 +230,11 @@ class Trainer:
         if cfg.train.compile:
             self.net = torch.compile(self.net)
 
-    def _open_logs(self, cfg: Config, resume: bool) -> None:
-        """Rank 0: the checkpoint directory, config.yaml, TensorBoard (cut back to the resumed step)."""
+    def _write_header(self, cfg: Config) -> None:
+        """Rank 0: the checkpoint directory, config.yaml, and what the run trains on."""
         self.ckpt_dir.mkdir(exist_ok=True)
         header = f"precision {self.precision}: train.amp {cfg.train.amp}, {self.amp_reason}"
         save_config(cfg, self.run / "config.yaml", header=header)
-        if resume:
-            truncate_events(self.run / "tb", self.progress.step)
-        self.writer = SummaryWriter(self.run / "tb")
         log.info(f"amp {cfg.train.amp}: {self.amp_reason}")
         log.info(
             f"model: {count_parameters(self.model):,} parameters, vocab {self.tokenizer.vocab_size}; "
@@ -254,68 +268,123 @@ class Trainer:
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
         self.scaler.load_state_dict(ckpt["scaler"])
-        self.progress = Progress(**ckpt["progress"])
+        self.state = TrainState(**ckpt["progress"])
         self.init_from = ckpt.get("init_from", self.init_from)
         set_rng_state(ckpt["rng"][min(self.rank, len(ckpt["rng"]) - 1)])
         if self.main:
-            log.info(f"resumed from {self.ckpt_dir / 'last.pt'} at step {self.progress.step}")
+            log.info(f"resumed from {self.ckpt_dir / 'last.pt'} at step {self.state.step}")
+
+    # ------------------------------------------------------------------------ batches
+
+    def collate(self, indices: np.ndarray) -> Batch:
+        """Training's batch of these sentences: lengths padded to train.pad_to_multiple, the positions
+        to project rounded to 8x it, in pinned memory where a GPU will copy it."""
+        pad = self.cfg.train.pad_to_multiple
+        batch = collate(self.train_data, indices, pad, project_multiple=8 * pad if pad > 1 else 1)
+        return batch.pin_memory() if self.device.type == "cuda" else batch
+
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        t = self.cfg.train
+        lens = self.train_data.src_lens, self.train_data.tgt_lens
+        batches = token_batches(*lens, t.max_tokens, self.cfg.seed, epoch, pad_to_multiple=t.pad_to_multiple)
+        return batches[: len(batches) - len(batches) % self.world]
+
+    def planned_updates(self, epoch: int, position: int) -> Iterator[PlannedUpdate]:
+        """Every update from global batch `position` of `epoch` on, to train.max_epochs: each takes the
+        next accumulate x world batches, this rank every world-th of them."""
+        t = self.cfg.train
+        per_update, tgt_lens = t.accumulate * self.world, self.train_data.tgt_lens
+        while t.max_epochs is None or epoch < t.max_epochs:
+            batches = self.epoch_batches(epoch)
+            if len(batches) < per_update:
+                raise UserError(
+                    f"the train split gives {len(batches)} batches of train.max_tokens={t.max_tokens} tokens, "
+                    f"fewer than one update needs ({per_update}): lower train.max_tokens or train.accumulate"
+                )
+            while position + per_update <= len(batches):
+                group = batches[position : position + per_update]
+                position += per_update
+                last = t.max_epochs is not None and epoch + 1 == t.max_epochs and position + per_update > len(batches)
+                mine = [self.collate(b) for b in group[self.rank :: self.world]]
+                yield PlannedUpdate(epoch, position, mine, int(sum(tgt_lens[b].sum() for b in group)), last)
+            epoch, position = epoch + 1, 0
 
     # ------------------------------------------------------------------------ one update
 
-    def _forward_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        # On a CPU only the non-pad positions are projected onto the vocabulary (their count rounded up
-        # to 8x train.pad_to_multiple, as the lengths are: fewer distinct shapes, flat host memory)
-        pad = self.cfg.train.pad_to_multiple
-        keep = batch.projected(8 * pad if pad > 1 else 1) if self.device.type == "cpu" else None
-        with torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
-            logits = self.net(batch.src, batch.tgt_in, keep)
-        target = batch.tgt_out[keep] if keep is not None else batch.tgt_out
+    def forward_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sums over the batch's target tokens: (label-smoothed loss, NLL). Only the positions in
+        `batch.keep` are projected onto the vocabulary (the non-pad ones, rounded up: see collate)."""
+        kernels = attention_kernels(self.cfg.train.attention, self.device)
+        with kernels, torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
+            logits = self.net(batch.src, batch.tgt_in, batch.keep)
+        target = batch.tgt_out.view(-1).index_select(0, batch.keep) if batch.keep is not None else batch.tgt_out
         loss, nll, _ = label_smoothed_nll_loss(logits, target, self.cfg.train.label_smoothing, PAD)
         return loss, nll
 
-    def _update(self, batches: list[Batch], stop_flag: int) -> tuple[dict[str, torch.Tensor], bool, bool]:
-        """One optimizer update over this rank's batches. Returns (sums, finite, stop requested)."""
-        counts = torch.tensor([sum(b.ntokens for b in batches), stop_flag], dtype=torch.float64, device=self.device)
-        if self.distributed:
-            dist.all_reduce(counts)
-        ntokens, stop = counts[0], bool(counts[1].item() > 0)
-        scale = self.world / ntokens  # DDP averages gradients over ranks
-        loss_sum = torch.zeros((), device=self.device)
-        nll_sum = torch.zeros((), device=self.device)
+    def update(self, batches: list[Batch], all_ntokens: int | None = None, stop_signal: int = 0) -> UpdateResult:
+        """One optimizer update over this rank's batches, without a device->host synchronisation.
+
+        `all_ntokens`: the target tokens of every rank's batches of this update (default: these
+        batches', in a single process); the gradient is that of the summed loss over them."""
+        if all_ntokens is None:
+            assert not self.distributed, "a distributed update needs the tokens of every rank"
+            all_ntokens = sum(b.ntokens for b in batches)
+        scale = self.world / all_ntokens  # DDP averages gradients over ranks
+        loss_sum = nll_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
             batch = batch.to(self.device)
             sync = i == len(batches) - 1 or not self.distributed
             ctx = self.net.no_sync() if not sync and hasattr(self.net, "no_sync") else nullcontext()
             try:
                 with ctx:
-                    loss, nll = self._forward_loss(batch)
-                    self.scaler.scale(loss * scale.to(loss.dtype)).backward()
+                    loss, nll = self.forward_loss(batch)
+                    self.scaler.scale(loss * scale).backward()
             except (RuntimeError, MemoryError) as e:
                 if not is_out_of_memory(e):
                     raise
                 (B, S), T, t = batch.src.shape, batch.tgt_in.size(1), self.cfg.train
                 raise UserError(
-                    f"out of memory on {self.device} at step {self.progress.step}, on a batch of {B} sentences of up "
+                    f"out of memory on {self.device} at step {self.state.step}, on a batch of {B} sentences of up "
                     f"to {S} source and {T} target tokens: lower train.max_tokens (now {t.max_tokens}) and raise "
                     f"train.accumulate (now {t.accumulate}) to keep the tokens per update"
                 ) from None
-            loss_sum += loss.detach()
-            nll_sum += nll
+            loss_sum = loss_sum + loss.detach()
+            nll_sum = nll_sum + nll
         self.scaler.unscale_(self.optimizer)
         clip = self.cfg.train.clip_norm if self.cfg.train.clip_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        finite = bool(torch.isfinite(grad_norm).item()) and bool(torch.isfinite(loss_sum).item())
-        if self.scaler.is_enabled():
-            self.scaler.step(self.optimizer)  # skips the step itself when gradients overflowed
-            self.scaler.update()
-        elif finite:
-            self.optimizer.step()
+        skipped = ~(torch.isfinite(grad_norm) & torch.isfinite(loss_sum))
+        self._step(skipped)
         self.optimizer.zero_grad(set_to_none=True)
-        if finite:
-            self.scheduler.step()
+        self.scheduler.step()
+        stop, out_of_time = self.agree(stop_signal)
         local = sum(b.ntokens for b in batches)
-        sums = {"loss": loss_sum, "nll": nll_sum, "ntokens": local, "all_ntokens": ntokens, "grad_norm": grad_norm}
-        return sums, finite, stop
+        return UpdateResult(loss_sum, nll_sum, grad_norm, skipped, local, all_ntokens, stop, out_of_time)
+
+    def _step(self, skipped: torch.Tensor) -> None:
+        """The optimizer's step, skipped on the device where `skipped` holds."""
+        if self.scaler.is_enabled():
+            self.scaler.step(self.optimizer)  # fp16: skips the step itself when gradients overflowed
+            self.scaler.update()
+        elif self.optimizer.defaults.get("fused"):
+            self.optimizer.found_inf, self.optimizer.grad_scale = skipped.float(), None
+            try:
+                self.optimizer.step()  # the fused kernel leaves weights and moments as they are where found_inf
+            finally:
+                del self.optimizer.found_inf, self.optimizer.grad_scale
+        elif not bool(skipped):  # a synchronisation, on devices without a fused Adam (MPS)
+            self.optimizer.step()
+
+    def agree(self, stop_signal: int = 0) -> tuple[bool, bool]:
+        """(a rank was asked to stop, rank 0 says train.max_time is spent): host values, the same on
+        every rank (one collective on the host), so that all stop after the same update."""
+        over = self.main and self.budget is not None and self.trained_time() >= self.budget
+        if not self.distributed:
+            return bool(stop_signal), over
+        flags = torch.tensor([float(bool(stop_signal)), float(over)])
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.host_group)
+        stop, over = flags.tolist()
+        return stop > 0, over > 0
 
     # ------------------------------------------------------------------------ validation
 
@@ -342,7 +411,10 @@ class Trainer:
             hyps = self._translate(self.valid_src[:limit])
             s = score(hyps, self.valid_ref[:limit])
             scores += torch.tensor([s["bleu"], s["chrf"]], dtype=torch.float64, device=self.device)
-            self._log_samples(hyps)
+            self.logger.samples(
+                self.state.step, self.model, self.tokenizer, self.valid_src, self.valid_ref, hyps,
+                self.cfg.model.max_positions,
+            )  # fmt: skip
         if self.distributed:
             dist.broadcast(scores, 0)  # every rank takes the same early-stopping decision
         metrics["bleu"], metrics["chrf"] = scores.tolist()
@@ -363,48 +435,27 @@ class Trainer:
         )
         return [nbest[0][0] for nbest in out]
 
-    def _log_samples(self, hyps: list[str]) -> None:
-        """TensorBoard: the translations of a few fixed valid sentences (text) and their last-layer
-        cross-attention (images: mean of heads; every head for the first), to see alignment emerge."""
-        step = self.progress.step
-        picks = sample_indices(self.tokenizer, self.valid_src[: len(hyps)])
-        chrf = sentence_chrf([hyps[i] for i in picks], [self.valid_ref[i] for i in picks])
-        text = "\n\n".join(
-            f"**valid sentence {i + 1}** (chrF {c:.1f})  \n**source:** {self.valid_src[i]}  \n"
-            f"**reference:** {self.valid_ref[i]}  \n**output:** {hyps[i]}"
-            for i, c in zip(picks, chrf)
-        )
-        self.writer.add_text("valid/samples", text, step)
-        for k, i in enumerate(picks):
-            target = self.tokenizer.encode([hyps[i]])[0][: self.cfg.model.max_positions - 2]
-            w, sp, tp = attention_maps(self.model, self.tokenizer, self.valid_src[i], target)  # (H, T, S)
-            title = f"step {step}, valid sentence {i + 1}: cross-attention, last layer"
-            fig = attention_figure(w.mean(0), sp, tp, title=f"{title}, mean of heads")
-            self.writer.add_image(f"valid/attention_{k}", figure_to_array(fig), step, dataformats="HWC")
-            if k == 0:
-                grid = figure_to_array(heads_figure(w, sp, tp, title))
-                self.writer.add_image("valid/attention_heads", grid, step, dataformats="HWC")
-
     def _improved(self, metrics: dict[str, float]) -> bool:
         key = self.cfg.train.best_metric
         value = metrics[key]
-        best = self.progress.best
+        best = self.state.best
         better = best is None or (value < best if key == "loss" else value > best)
         if better:
-            self.progress.best, self.progress.best_step, self.progress.bad_evals = value, self.progress.step, 0
+            self.state.best, self.state.best_step, self.state.bad_evals = value, self.state.step, 0
         else:
-            self.progress.bad_evals += 1
+            self.state.bad_evals += 1
         return better
 
     # ------------------------------------------------------------------------ checkpoints
 
     def save(self, best: bool, metrics: dict[str, float] | None) -> None:
         self.tick()
+        self.check_skipped()
         rng = self._gather_rng()  # a collective: every rank takes part
         if not self.main:
             return
-        self.writer.flush()  # the curves up to this checkpoint survive a kill
-        step = self.progress.step
+        self.logger.flush()
+        step = self.state.step
         state = {
             "format": CHECKPOINT_FORMAT,
             "versions": versions(),
@@ -415,10 +466,10 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "progress": asdict(self.progress),
+            "progress": asdict(self.state),
             "rng": rng,
             "step": step,
-            "epoch": self.progress.epoch,
+            "epoch": self.state.epoch,
             "metrics": metrics or {},
             "hardware": self.hardware(),
             "init_from": self.init_from,
@@ -444,119 +495,95 @@ class Trainer:
         dist.all_gather_object(states, state)
         return states
 
+    def check_skipped(self) -> None:
+        """The skipped updates so far into TrainState (a synchronisation); a UserError where the last
+        train.max_bad_steps or more were all skipped."""
+        self.state.skipped, in_row = self.speed.skipped_so_far()
+        if in_row >= self.cfg.train.max_bad_steps:
+            fp16 = (
+                " (or train.amp: off: this run is in fp16, whose range is narrow)" if self.precision == "fp16" else ""
+            )
+            raise UserError(
+                f"{in_row} updates in a row had a non-finite loss or gradient at step {self.state.step}: "
+                f"lower train.lr or raise train.warmup_steps{fp16}"
+            )
+
     # ------------------------------------------------------------------------ main loop
 
-    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        t = self.cfg.train
-        lens = self.train_data.src_lens, self.train_data.tgt_lens
-        batches = token_batches(*lens, t.max_tokens, self.cfg.seed, epoch, pad_to_multiple=t.pad_to_multiple)
-        return batches[: len(batches) - len(batches) % self.world]
-
     def fit(self) -> dict[str, float]:
-        t, p = self.cfg.train, self.progress
+        t, s = self.cfg.train, self.state
         stopper = StopRequest()
-        bar = tqdm(
-            total=t.max_steps, initial=p.step, desc="train", unit="step", disable=not self.main, dynamic_ncols=True
-        )
-        window = {"loss": 0.0, "nll": 0.0, "ntokens": 0.0, "all_ntokens": 0.0, "grad_norm": 0.0, "updates": 0}
-        self.metrics, self.bad_in_row, self.window_clock, stop_reason = {}, 0, self.clock["updates"], None
-        self.session = (time.perf_counter(), p.elapsed, p.step)  # when, and how far, this session started
-        per_update = t.accumulate * self.world
-        if p.step >= t.max_steps:
-            stop_reason = f"already at train.max_steps={t.max_steps}"
-        elif self.out_of_time():
-            stop_reason = f"already past train.max_time={t.max_time} ({p.elapsed / 60:.1f} min trained)"
+        self.logger.open_bar(s.step, t.max_steps)
+        self.session = (time.perf_counter(), s.elapsed, s.step)
+        reason = None
+        if s.step >= t.max_steps:
+            reason = f"already at train.max_steps={t.max_steps}"
+        elif self.agree()[1]:
+            reason = f"already past train.max_time={t.max_time} ({s.elapsed / 60:.1f} min trained)"
+        updates = Prefetcher(self.planned_updates(s.epoch, s.position), PREFETCH) if reason is None else None
         self.model.train()
         try:
-            while stop_reason is None:
-                if t.max_epochs is not None and p.epoch >= t.max_epochs:
-                    stop_reason = f"reached train.max_epochs={t.max_epochs}"
+            while reason is None:
+                planned = next(updates, None)
+                if planned is None:  # the epochs of train.max_epochs are done (the last update has saved)
+                    reason = f"reached train.max_epochs={t.max_epochs}"
                     break
-                batches = self.epoch_batches(p.epoch)
-                if len(batches) < per_update:
-                    raise UserError(
-                        f"the train split gives {len(batches)} batches of train.max_tokens={t.max_tokens} tokens, "
-                        f"fewer than one update needs ({per_update}): lower train.max_tokens or train.accumulate"
-                    )
-                while p.position + per_update <= len(batches):
-                    stop_reason = self._train_step(batches, per_update, stopper, window, bar)
-                    if stop_reason:
-                        break
-                else:
-                    p.epoch, p.position = p.epoch + 1, 0
+                reason = self._train_step(planned, stopper)
         finally:
-            bar.close()
+            if updates is not None:
+                updates.close()
+            self.logger.close_bar()
             stopper.restore()
         self.tick()
-        if stop_reason == "signal":
-            self._close()
+        if reason == "signal":
+            self.close()
             name = signal.Signals(stopper.signum).name if stopper.signum else "signal"
             resume = f"translate train --config {self.run / 'config.yaml'} --resume"
-            print(f"stopped by {name} at step {p.step}; checkpoint saved. Resume with: {resume}", file=sys.stderr)
+            print(f"stopped by {name} at step {s.step}; checkpoint saved. Resume with: {resume}", file=sys.stderr)
             raise SystemExit(128 + (stopper.signum or signal.SIGINT))
         if self.main:
-            log.info(f"training stopped: {stop_reason}; best valid {t.best_metric} {p.best} at step {p.best_step}")
+            log.info(f"training stopped: {reason}; best valid {t.best_metric} {s.best} at step {s.best_step}")
             log.info(self.time_summary())
             if t.average_last:
                 self._average_last(t.average_last)
-        self._close()
+        self.close()
         return self.metrics
 
-    def _train_step(self, batches, per_update: int, stopper: StopRequest, window: dict[str, Any], bar: tqdm):
+    def _train_step(self, planned: PlannedUpdate, stopper: StopRequest) -> str | None:
         """One update, then what follows it (logging, validation, checkpoint); returns why to stop, if so."""
-        t, p = self.cfg.train, self.progress
-        mine = [batches[p.position + k * self.world + self.rank] for k in range(t.accumulate)]
-        p.position += per_update
+        t, s = self.cfg.train, self.state
         start = time.perf_counter()
-        pad = t.pad_to_multiple
-        sums, finite, stop = self._update([collate(self.train_data, b, pad) for b in mine], stopper.signum or 0)
-        self.clock["updates"] += time.perf_counter() - start
-        if not finite:
-            p.skipped += 1
-            self.bad_in_row += 1
-            if self.main:
-                self.writer.add_scalar("train/skipped_updates", p.skipped, p.step)
-            if self.bad_in_row >= t.max_bad_steps:
-                raise UserError(
-                    f"{self.bad_in_row} updates in a row had a non-finite loss or gradient at step {p.step}: "
-                    "lower train.lr or raise train.warmup_steps"
-                    + (
-                        " (or train.amp: off: this run is in fp16, whose range is narrow)"
-                        if self.precision == "fp16"
-                        else ""
-                    )
-                )
-        else:
-            self.bad_in_row = 0
-            p.step += 1
-            bar.update(1)
-            for k in ("loss", "nll", "ntokens", "all_ntokens", "grad_norm"):
-                window[k] += sums[k]
-            window["updates"] += 1
-        if p.step % t.log_every == 0 and window["updates"]:
-            self._log_train(window, bar)
-        out_of_time = finite and self.out_of_time()
-        evaluated = finite and (p.step % t.eval_every == 0 or p.step >= t.max_steps or out_of_time)
-        best, stop_reason = False, None
-        if evaluated:
+        result = self.update(planned.batches, planned.all_ntokens, stopper.signum or 0)
+        seconds = time.perf_counter() - start
+        self.clock.updates += seconds
+        self.speed.add(result, seconds)
+        s.epoch, s.position, s.step = planned.epoch, planned.position, s.step + 1
+        self.logger.advance()
+        if s.step % t.log_every == 0:
+            self.log_train()
+        last = s.step >= t.max_steps or result.out_of_time or planned.last
+        evaluated = improved = False
+        if s.step % t.eval_every == 0 or last:
             start = time.perf_counter()
-            self.metrics = self.validate()
-            best = self._improved(self.metrics)
-            self._log_valid(self.metrics)
-            self.clock["validation"] += time.perf_counter() - start
-        if stop:
-            stop_reason = "signal"
-        elif p.step >= t.max_steps:
-            stop_reason = f"reached train.max_steps={t.max_steps}"
-        elif out_of_time:
-            stop_reason = f"reached train.max_time={t.max_time} ({self.trained_time() / 60:.1f} min trained)"
-        elif t.patience and p.bad_evals >= t.patience:
-            stop_reason = f"no better valid {t.best_metric} in {t.patience} evaluations (train.patience)"
-        if (finite and (p.step % t.save_every == 0 or best)) or stop_reason:
+            self.metrics, evaluated = self.validate(), True
+            improved = self._improved(self.metrics)
+            self.logger.valid(s.step, self.metrics, t.best_metric, s.best, s.best_step)
+            self.clock.validation += time.perf_counter() - start
+        reason = stop_reason(t, s, result, self.trained_time(), planned.last)
+        if s.step % t.save_every == 0 or improved or reason:
             start = time.perf_counter()
-            self.save(best, self.metrics if evaluated else None)
-            self.clock["checkpoints"] += time.perf_counter() - start
-        return stop_reason
+            self.save(improved, self.metrics if evaluated else None)
+            self.clock.checkpoints += time.perf_counter() - start
+        return reason
+
+    def log_train(self) -> None:
+        """The window's figures to TensorBoard and the bar (reading them waits for the device)."""
+        start = time.perf_counter()
+        stats = self.speed.read()
+        self.clock.updates += time.perf_counter() - start  # the device's work the updates queued
+        self.check_skipped()
+        lr = self.scheduler.get_last_lr()[0]
+        self.logger.train(self.state.step, stats, lr, self.state.skipped, self.expected_steps())
 
     def trained_time(self) -> float:
         """Seconds trained: this session's so far plus those of the sessions it resumed."""
@@ -564,73 +591,22 @@ class Trainer:
         return elapsed_before + time.perf_counter() - started
 
     def tick(self) -> None:
-        self.progress.elapsed = self.trained_time()
-
-    def out_of_time(self) -> bool:
-        """Whether train.max_time is spent. Every rank takes rank 0's answer, so all stop at the same update."""
-        if self.budget is None:
-            return False
-        over = torch.tensor([float(self.trained_time() >= self.budget)], device=self.device)
-        if self.distributed:
-            dist.broadcast(over, 0)
-        return bool(over.item())
+        self.state.elapsed = self.trained_time()
 
     def expected_steps(self) -> int:
         """The update at which training will stop: max_steps, or sooner where the time budget runs out first
         (at this session's pace so far)."""
-        t, p = self.cfg.train, self.progress
+        t, s = self.cfg.train, self.state
         started, elapsed_before, first_step = self.session
-        if self.budget is None or p.step <= first_step:
+        if self.budget is None or s.step <= first_step:
             return t.max_steps
-        pace = (p.step - first_step) / (time.perf_counter() - started)  # updates per second, validation included
+        pace = (s.step - first_step) / (time.perf_counter() - started)  # updates per second, validation included
         left = max(self.budget - self.trained_time(), 0.0)
-        return min(t.max_steps, p.step + int(left * pace) + 1)
+        return min(t.max_steps, s.step + int(left * pace) + 1)
 
     def time_summary(self) -> str:
         """How this session's time was spent, in one line."""
-        c = self.clock
-        total = c["set-up"] + time.perf_counter() - self.session[0]
-        parts = [f"{k} {v / 60:.1f} min ({v / total:.0%})" for k, v in c.items()]
-        other = total - sum(c.values())
-        return f"time: {total / 60:.1f} min in all: " + ", ".join(parts) + f", other {other / 60:.1f} min"
-
-    def _log_train(self, window: dict[str, Any], bar: tqdm) -> None:
-        """TensorBoard and the progress bar: the window's mean loss, lr, gradient norm, tokens/s of updates."""
-        if self.main:
-            n = float(window["ntokens"])
-            loss = float(window["loss"]) / n
-            lr = self.scheduler.get_last_lr()[0]
-            tok_s = float(window["all_ntokens"]) / max(self.clock["updates"] - self.window_clock, 1e-9)
-            step = self.progress.step
-            self.writer.add_scalar("train/loss", loss, step)
-            self.writer.add_scalar("train/nll", float(window["nll"]) / n, step)
-            self.writer.add_scalar("train/ppl", math.exp(min(float(window["nll"]) / n, 50)), step)
-            self.writer.add_scalar("train/lr", lr, step)
-            self.writer.add_scalar("train/grad_norm", float(window["grad_norm"]) / window["updates"], step)
-            self.writer.add_scalar("train/tokens_per_s", tok_s, step)
-            rss = host_memory_mb()
-            if rss is not None:
-                self.writer.add_scalar("sys/host_memory_mb", rss, step)
-            bar.total = self.expected_steps()  # the ETA follows whichever bound comes first
-            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
-            mem = f" host memory {rss:.0f} MiB" if rss is not None else ""
-            log.debug(f"step {step} loss {loss:.4f} lr {lr:.3e} tokens/s {tok_s:.0f}{mem}")
-        for k in window:
-            window[k] = 0.0 if k != "updates" else 0
-        self.window_clock = self.clock["updates"]
-
-    def _log_valid(self, m: dict[str, float]) -> None:
-        if not self.main:
-            return
-        step = self.progress.step
-        for key in ("loss", "ppl", "bleu", "chrf"):
-            self.writer.add_scalar(f"valid/{key}", m[key], step)
-        self.writer.flush()
-        tqdm.write(
-            f"step {step}: valid loss {m['loss']:.3f} ppl {m['ppl']:.2f} BLEU {m['bleu']:.2f} chrF {m['chrf']:.2f}"
-            f" (best {self.cfg.train.best_metric} {self.progress.best:.2f} at step {self.progress.best_step})"
-        )
-        log.debug(f"step {step} valid {m}")
+        return self.clock.summary(self.clock.setup + time.perf_counter() - self.session[0])
 
     def _average_last(self, n: int) -> None:
         paths = step_checkpoints(self.ckpt_dir)[-n:]
@@ -640,9 +616,12 @@ class Trainer:
         atomic_save(average_checkpoints(paths), self.ckpt_dir / "averaged.pt")
         log.info(f"averaged {len(paths)} checkpoints into {self.ckpt_dir / 'averaged.pt'}")
 
-    def _close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+    def close(self) -> None:
+        """The end of the run: TensorBoard files closed, process group left, the run's lock released."""
+        if self.closed:
+            return
+        self.closed = True
+        self.logger.close()
         if self.distributed:
             dist.barrier()
             dist.destroy_process_group()
