@@ -7,7 +7,7 @@ import translate
 
 ORDER = [
     # foundations
-    "errors", "textio", "hardware", "tokenizer", "batching", "loss", "protect", "distributed",
+    "errors", "textio", "hardware", "tokenizer", "batching", "loss", "protect", "distributed", "syncs",
     # config and data
     "config", "sources", "data", "evaluate",
     # model
@@ -15,7 +15,7 @@ ORDER = [
     # using a model
     "prepare", "inference", "decoding", "plot", "report", "export", "translator",
     # training
-    "rundir", "train",
+    "rundir", "optim", "trainstate", "trainlog", "validation", "train",
     # front ends
     "serve", "cli", "__main__",
 ]  # fmt: skip

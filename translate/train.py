@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import math
-import random
 import signal
 import sys
 import time
@@ -54,60 +52,23 @@ from translate.checkpoint import (
 )
 from translate.config import Config, config_to_dict, parse_duration, save_config
 from translate.data import Batch, Prefetcher, collate, load_split
-from translate.decoding import translate_lines
 from translate.distributed import World, init_process_group, wait_for, watch_launcher
 from translate.errors import UserError
-from translate.evaluate import score
 from translate.hardware import attention_kernels, choose_amp, cpu_info, is_out_of_memory, resolve_device
 from translate.loss import label_smoothed_nll_loss
 from translate.model import Transformer, count_parameters
+from translate.optim import build_optimizer, lr_lambda, seed_everything
 from translate.prepare import is_prepared, prepare
 from translate.rundir import RunLock, check_run_dir, check_same_setup, link
-from translate.textio import read_all_lines
 from translate.tokenizer import PAD, Tokenizer
 from translate.trainlog import TensorboardLogger
-from translate.trainstate import Clock, Speedometer, TrainState, UpdateResult, stop_reason
+from translate.trainstate import Clock, Speedometer, StopRequest, TrainState, UpdateResult, stop_reason
+from translate.validation import Validator
 
 log = logging.getLogger("translate")
 
 
 # ---------------------------------------------------------------------------- set-up
-
-
-def lr_lambda(cfg: Config):
-    """Multiplier of train.lr after `step` updates (LambdaLR); linear warmup for every schedule."""
-    t, d = cfg.train, cfg.model.d_model
-    warmup = max(t.warmup_steps, 1)
-
-    def factor(step: int) -> float:
-        s = step + 1  # the update about to be made
-        if t.schedule == "noam":  # d^-0.5 * min(s^-0.5, s * w^-1.5), train.lr ignored
-            return d**-0.5 * min(s**-0.5, s * warmup**-1.5) / t.lr
-        if s < warmup:
-            return s / warmup
-        if t.schedule == "inverse_sqrt":
-            return math.sqrt(warmup / s)
-        progress = min((s - warmup) / max(t.max_steps - warmup, 1), 1.0)  # cosine
-        floor = t.min_lr / t.lr
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
-
-
-def build_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
-    t = cfg.train
-    cls = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.Adam
-    # The fused kernel is several times faster than the per-tensor loop (7x for the default model on CPU).
-    fused = next(model.parameters()).device.type in ("cpu", "cuda")
-    return cls(
-        model.parameters(), lr=t.lr, betas=tuple(t.adam_betas), eps=t.adam_eps, weight_decay=t.weight_decay, fused=fused
-    )
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 PREFETCH = 2  # updates collated ahead of the one the device works on
@@ -122,23 +83,6 @@ class PlannedUpdate:
     batches: list[Batch]  # this rank's
     all_ntokens: int  # target tokens of every rank's batches (from their lengths: no collective)
     last: bool  # the last update of train.max_epochs
-
-
-class StopRequest:
-    """SIGINT/SIGTERM ask the loop to finish its update, save and exit."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def handle(self, signum, frame) -> None:
-        if self.signum is not None:  # a second Ctrl-C: stop now
-            raise KeyboardInterrupt
-        self.signum = signum
-
-    def restore(self) -> None:
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)
 
 
 # ---------------------------------------------------------------------------- the loop
@@ -203,9 +147,7 @@ class Trainer:
         data_dir = self.run / "data"
         self.tokenizer = Tokenizer.load(self.run / "spm.model")
         self.train_data = load_split(data_dir, "train")
-        self.valid_data = load_split(data_dir, "valid")
-        self.valid_src = read_all_lines(data_dir / f"valid.{cfg.data.src_lang}", "valid source")
-        self.valid_ref = read_all_lines(data_dir / f"valid.{cfg.data.tgt_lang}", "valid reference")
+        self.validator = Validator(cfg, data_dir, self.tokenizer, self.device, self.amp, self.rank, self.world)
 
     def _build(self, cfg: Config, resume: bool, resumed: dict[str, Any] | None, init: dict[str, Any] | None) -> None:
         """Model, optimizer, schedule and scaler: fresh, from last.pt (--resume) or from train.init_from."""
@@ -388,52 +330,8 @@ class Trainer:
 
     # ------------------------------------------------------------------------ validation
 
-    @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        self.model.eval()
-        t = self.cfg.train
-        lens = self.valid_data.src_lens, self.valid_data.tgt_lens
-        batches = token_batches(*lens, t.max_tokens, shuffle=False, pad_to_multiple=t.pad_to_multiple)
-        sums = torch.zeros(3, dtype=torch.float64, device=self.device)
-        for idx in batches[self.rank :: self.world]:
-            batch = collate(self.valid_data, idx, t.pad_to_multiple).to(self.device)
-            with torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
-                logits = self.model(batch.src, batch.tgt_in)
-            loss, nll, n = label_smoothed_nll_loss(logits, batch.tgt_out, self.cfg.train.label_smoothing, PAD)
-            sums += torch.stack([loss.double(), nll.double(), n.double()])
-        if self.distributed:
-            dist.all_reduce(sums)
-        loss, nll, n = sums.tolist()
-        metrics = {"loss": loss / n, "nll": nll / n, "ppl": math.exp(min(nll / n, 50))}
-        scores = torch.zeros(2, dtype=torch.float64, device=self.device)
-        if self.main:
-            limit = self.cfg.train.eval_max_sentences or len(self.valid_src)
-            hyps = self._translate(self.valid_src[:limit])
-            s = score(hyps, self.valid_ref[:limit])
-            scores += torch.tensor([s["bleu"], s["chrf"]], dtype=torch.float64, device=self.device)
-            self.logger.samples(
-                self.state.step, self.model, self.tokenizer, self.valid_src, self.valid_ref, hyps,
-                self.cfg.model.max_positions,
-            )  # fmt: skip
-        if self.distributed:
-            dist.broadcast(scores, 0)  # every rank takes the same early-stopping decision
-        metrics["bleu"], metrics["chrf"] = scores.tolist()
-        self.model.train()
-        return metrics
-
-    def _translate(self, lines: list[str]) -> list[str]:
-        d = self.cfg.decode
-        out = translate_lines(
-            [self.model],
-            self.tokenizer,
-            lines,
-            d.search_options(beam_size=self.cfg.train.eval_beam_size),
-            batch_tokens=d.batch_tokens,
-            device=self.device,
-            protect=d.protect,
-            workers=1,  # one batch at a time on every thread, as the published runs were validated
-        )
-        return [nbest[0][0] for nbest in out]
+        return self.validator(self.model, self.state.step, self.logger)
 
     def _improved(self, metrics: dict[str, float]) -> bool:
         key = self.cfg.train.best_metric

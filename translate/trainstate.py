@@ -1,7 +1,7 @@
 """What a training run keeps track of, each in a type of its own: the state saved in checkpoints
 (`TrainState`), the clocks of a session (`Clock`), the running sums of the updates between two
-log lines (`Speedometer`), what one update returns (`UpdateResult`), and the named checks that
-decide when to stop (`stop_reason`).
+log lines (`Speedometer`), what one update returns (`UpdateResult`), and what decides when to
+stop (`StopRequest` for signals, `stop_reason`'s named checks).
 
 An update leaves its sums on the device (loss, gradient norm, whether it was skipped): nothing
 here reads a device value until `Speedometer.read`, which the loop calls only when it logs,
@@ -11,6 +11,7 @@ validates or saves, so the host never waits for the device in between.
 from __future__ import annotations
 
 import math
+import signal
 import time
 from dataclasses import dataclass, fields
 
@@ -146,3 +147,20 @@ def stop_reason(t: TrainConfig, state: TrainState, update: UpdateResult, trained
     if t.patience and state.bad_evals >= t.patience:
         return f"no better valid {t.best_metric} in {t.patience} evaluations (train.patience)"
     return None
+
+
+class StopRequest:
+    """SIGINT/SIGTERM ask the loop to finish its update, save and exit."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def handle(self, signum, frame) -> None:
+        if self.signum is not None:  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def restore(self) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)

@@ -1,0 +1,47 @@
+"""The optimizer and the learning-rate schedule of a run, and its seeding."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import torch
+
+from translate.config import Config
+
+
+def lr_lambda(cfg: Config):
+    """Multiplier of train.lr after `step` updates (LambdaLR); linear warmup for every schedule."""
+    t, d = cfg.train, cfg.model.d_model
+    warmup = max(t.warmup_steps, 1)
+
+    def factor(step: int) -> float:
+        s = step + 1  # the update about to be made
+        if t.schedule == "noam":  # d^-0.5 * min(s^-0.5, s * w^-1.5), train.lr ignored
+            return d**-0.5 * min(s**-0.5, s * warmup**-1.5) / t.lr
+        if s < warmup:
+            return s / warmup
+        if t.schedule == "inverse_sqrt":
+            return math.sqrt(warmup / s)
+        progress = min((s - warmup) / max(t.max_steps - warmup, 1), 1.0)  # cosine
+        floor = t.min_lr / t.lr
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def build_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
+    t = cfg.train
+    cls = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.Adam
+    # The fused kernel is several times faster than the per-tensor loop (7x for the default model on CPU).
+    fused = next(model.parameters()).device.type in ("cpu", "cuda")
+    return cls(
+        model.parameters(), lr=t.lr, betas=tuple(t.adam_betas), eps=t.adam_eps, weight_decay=t.weight_decay, fused=fused
+    )
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
