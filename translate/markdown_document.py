@@ -25,8 +25,9 @@ from collections.abc import Callable
 from markdown_it import MarkdownIt
 from markdown_it.common.utils import normalizeReference
 
-from translate.documents import Markup, translate_blocks
-from translate.protect import PATTERNS
+from translate.documents import Markup, has_no_letter, translate_blocks
+from translate.protect import MARKUP, PATTERNS
+from translate.segment import translate_texts
 
 _SYNTAX = [
     r"(`+)[\s\S]*?(?<!`)\1(?!`)",  # a code span
@@ -125,9 +126,23 @@ def translate_markdown(text: str, translate_batch: Callable[[list[str]], list[st
                 group = []
         groups.append((group, is_cell))
     blocks = [syntax.sub(code, "\n".join(lines[n][a:b] for n, a, b in group)) for group, _ in groups]
+    translations = translate_blocks(blocks, translate_batch, **split)
+    sources = ["\n".join(lines[n][a:b] for n, a, b in group) for group, _ in groups]
+    shapes = [_shape(source, env) for source in sources]
+    outputs = [_wrap(markup, t, len(g), is_cell) for (g, is_cell), t in zip(groups, translations)]
+    broken = [i for i, out in enumerate(outputs) if _shape("\n".join(out), env) != shapes[i]]
+    if broken:  # where the model's placement breaks the syntax, the text between it is translated apart
+        runs = [re.split(f"({MARKUP.pattern})", blocks[i]) for i in broken]
+        texts = [run for pieces in runs for run in pieces[::2]]
+        done = iter(translate_texts(texts, translate_batch, outer=True, skip=has_no_letter, **split))
+        for i, pieces in zip(broken, runs):
+            translated = [next(done) for _ in pieces[::2]]  # a run translated to nothing stays as it was
+            pieces[::2] = [t if t.strip() or not s.strip() else s for s, t in zip(pieces[::2], translated)]
+            outputs[i] = _wrap(markup, "".join(pieces), len(groups[i][0]), groups[i][1])
+            if _shape("\n".join(outputs[i]), env) != shapes[i]:  # still not: the source stays
+                outputs[i] = sources[i].split("\n")
     edits: dict[int, list[tuple[int, int, str | None]]] = {}
-    for (group, is_cell), translation in zip(groups, translate_blocks(blocks, translate_batch, **split)):
-        wrapped = _wrap(markup, translation, len(group), is_cell)
+    for (group, _), wrapped in zip(groups, outputs):
         for k, (line_no, start, end) in enumerate(group):
             edits.setdefault(line_no, []).append((start, end, wrapped[k] if k < len(wrapped) else None))
     out = []
@@ -138,6 +153,17 @@ def translate_markdown(text: str, translate_batch: Callable[[list[str]], list[st
         if not any(new is None for *_, new in changes):  # a line the translation did not need
             out.append(line)
     return "\n".join(out)
+
+
+def _shape(inline: str, env: dict) -> list[tuple]:
+    """The syntax tree of a piece of inline Markdown without its text."""
+    tokens = _parser().parseInline(inline, dict(env))[0].children or []
+    return [
+        (t.type, t.tag, t.nesting, dict(t.attrs) if t.type != "image" else t.attrs.get("src"))
+        + ((t.content,) if t.type in ("code_inline", "html_inline") else ())
+        for t in tokens
+        if t.type not in ("text", "softbreak")
+    ]
 
 
 def _wrap(markup: Markup, translation: str, n_lines: int, is_cell: bool) -> list[str]:
