@@ -127,3 +127,25 @@ def test_a_glossary_needs_placeholder_pieces():
     with pytest.raises(UserError, match="placeholder pieces"):
         Protector(CLASSES, _NoPlaceholders(), GLOSSARY)
     assert not Protector(CLASSES, _NoPlaceholders(), Glossary({})).enabled
+
+
+def test_protected_with_an_empty_glossary_decodes_as_decoding_does(trained_run):
+    """protected() around the raw model gives what translate_lines' own protection gives, and an
+    empty glossary changes nothing of it (byte-identical on the test split and software strings)."""
+    from conftest import FIXTURES
+
+    from translate.decoding import translate_lines
+    from translate.inference import load_models
+
+    run, _ = trained_run
+    models, tokenizer, cfg = load_models([run / "checkpoints" / "last.pt"], "cpu")
+    search = cfg.decode.search_options({}, 1, beam_size=2)
+    lines = (FIXTURES / "bible.test.en").read_text().splitlines()[:20]
+    lines += (FIXTURES / "software_strings.en").read_text().splitlines()[:20]
+
+    def decode(batch, protect=()):
+        return [n[0][0] for n in translate_lines(models, tokenizer, batch, search, workers=1, protect=protect)]
+
+    expected = decode(lines, cfg.decode.protect)
+    assert protected(decode, cfg.decode.protect, Glossary({}))(lines) == expected
+    assert protected(decode, cfg.decode.protect)(lines) == expected

@@ -80,3 +80,25 @@ def test_nothing_to_translate_makes_no_call():
         raise AssertionError("called")
 
     assert translate_paragraphs(["", "  "], fail) == ["", ""]
+
+
+def test_one_sentence_lines_come_out_as_without_splitting(trained_run):
+    from conftest import FIXTURES
+
+    from translate.decoding import translate_lines
+    from translate.inference import load_models
+
+    run, _ = trained_run
+    models, tokenizer, cfg = load_models([run / "checkpoints" / "last.pt"], "cpu")
+    search = cfg.decode.search_options({}, 1, beam_size=2)
+
+    def decode(batch):
+        return [
+            n[0][0] for n in translate_lines(models, tokenizer, batch, search, workers=1, protect=cfg.decode.protect)
+        ]
+
+    lines = [
+        line for line in (FIXTURES / "bible.test.en").read_text().splitlines() if len(split_sentences(line)[0]) == 1
+    ]
+    assert len(lines) >= 10
+    assert translate_paragraphs(lines, decode) == decode(lines)
