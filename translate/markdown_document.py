@@ -25,9 +25,8 @@ from collections.abc import Callable
 from markdown_it import MarkdownIt
 from markdown_it.common.utils import normalizeReference
 
-from translate.documents import Markup, has_no_letter, translate_blocks
+from translate.documents import Markup, translate_blocks
 from translate.protect import MARKUP, PATTERNS
-from translate.segment import translate_texts
 
 _SYNTAX = [
     r"(`+)[\s\S]*?(?<!`)\1(?!`)",  # a code span
@@ -134,7 +133,7 @@ def translate_markdown(text: str, translate_batch: Callable[[list[str]], list[st
     if broken:  # where the model's placement breaks the syntax, the text between it is translated apart
         runs = [re.split(f"({MARKUP.pattern})", blocks[i]) for i in broken]
         texts = [run for pieces in runs for run in pieces[::2]]
-        done = iter(translate_texts(texts, translate_batch, outer=True, skip=has_no_letter, **split))
+        done = iter(translate_blocks(texts, translate_batch, **split))
         for i, pieces in zip(broken, runs):
             translated = [next(done) for _ in pieces[::2]]  # a run translated to nothing stays as it was
             pieces[::2] = [t if t.strip() or not s.strip() else s for s, t in zip(pieces[::2], translated)]

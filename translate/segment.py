@@ -53,7 +53,7 @@ def sentence_cuts(text: str, language: str = "en") -> list[int]:
             if space is None:
                 continue
             cut = space.end()
-        if any(s.start < cut - 1 and cut <= s.end for s in spans) or (cuts and cut <= cuts[-1]) or cut >= len(text):
+        if any(s.start < offset < s.end for s in spans) or (cuts and cut <= cuts[-1]) or cut >= len(text):
             continue
         cuts.append(cut)
     return cuts
