@@ -189,6 +189,11 @@ def test_markdown_text_is_translated():
     assert "| ALICE | LIKES *GREEN TEA* |" in out and "# GETTING *STARTED* WITH `tool`" in out
 
 
+def test_markdown_front_matter_is_kept():
+    text = "---\ntitle: A title\n---\n\nSome text.\n"
+    assert translate_markdown(text, protected(upper, CLASSES)) == "---\ntitle: A title\n---\n\nSOME TEXT.\n"
+
+
 def test_markdown_escapes_what_the_translation_would_make_syntax():
     out = translate_markdown("Some text here.\n", protected(lambda b: ["- a *b* [c] 1. d"] * len(b), CLASSES))
     assert md_shape(out) == md_shape("Some text here.\n")

@@ -3,7 +3,8 @@
 The document is parsed with markdown-it-py (CommonMark, with GFM tables and strikethrough) only
 to find where its inline text is: the paragraphs, headings and table cells, line by line. Only
 that text changes; every other byte is copied: block syntax (`#`, `>`, list markers, table
-pipes), fenced and indented code blocks, HTML blocks, link reference definitions, front matter.
+pipes), fenced and indented code blocks, HTML blocks, link reference definitions, and YAML
+front matter (between `---` lines at the top).
 
 Within the inline text, the syntax is carried through the sentence as markup (documents.py):
 code spans, autolinks, inline HTML and comments, emphasis delimiters (`*`, `**`, `_` at a word's
@@ -49,6 +50,15 @@ _SHORTCUT = r"!?\[[^\[\]]+\](?![(\[])"  # [label]: a shortcut reference if the l
 
 def _parser() -> MarkdownIt:
     return MarkdownIt("commonmark").enable(["table", "strikethrough"])
+
+
+def _front_matter(lines: list[str]) -> int:
+    """How many lines of YAML front matter (between two `---` lines) the document starts with."""
+    if lines and lines[0].rstrip() == "---":
+        for n, line in enumerate(lines[1:], 2):
+            if line.rstrip() in ("---", "..."):
+                return n
+    return 0
 
 
 def _cells(line: str) -> list[tuple[int, int]]:
@@ -99,8 +109,9 @@ def translate_markdown(text: str, translate_batch: Callable[[list[str]], list[st
     """The Markdown document `text` translated (see the module's docstring); `translate_batch`:
     sentences in, translations out, in order; `split`: the options of segment.split_sentences."""
     env: dict = {}
-    tokens = _parser().parse(text, env)
     lines = text.split("\n")
+    front = _front_matter(lines)  # parsed as blank lines, so never translated
+    tokens = _parser().parse("\n".join([""] * front + lines[front:]), env)
     labels = set(env.get("references", {}))
     syntax = re.compile("|".join([_SHORTCUT, *_SYNTAX]), re.M)
     markup = Markup(text)

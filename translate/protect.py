@@ -113,10 +113,9 @@ def find_spans(text: str, classes: Sequence[str] = CLASSES, glossary: Glossary |
     the classes' spans, the markup characters and the glossary's terms."""
     shadow = MARKUP.sub(" ", text)  # no class's span runs across markup
     found = [
-        Span(m.start(), m.end(), m.group(), kind)
+        Span(m.start(), m.end(), text[m.start() : m.end()], kind)
         for kind in classes
-        for regex in (_COMPILED[kind],)
-        for m in regex.finditer(shadow)
+        for m in _COMPILED[kind].finditer(shadow)
         if m.end() > m.start()
     ]
     found += [
@@ -128,8 +127,7 @@ def find_spans(text: str, classes: Sequence[str] = CLASSES, glossary: Glossary |
     found += [Span(m.start(), m.end(), m.group(), "markup") for m in MARKUP.finditer(text)]
     if glossary is not None:
         found += glossary.find(text)
-    spans = [s if s.kind in ("term", "escape") else Span(s.start, s.end, text[s.start : s.end], s.kind) for s in found]
-    return [s for s in first_then_longest(spans) if s.kind != "escape"]
+    return [s for s in first_then_longest(found) if s.kind != "escape"]
 
 
 def first_then_longest(spans: Iterable[Span]) -> list[Span]:
