@@ -7,10 +7,11 @@ from html.parser import HTMLParser
 import pytest
 from conftest import FIXTURES
 
-from translate.documents import format_of, restore_markup, translate_document
+from translate.documents import format_of, translate_document
 from translate.errors import UserError
 from translate.html_document import ATTRIBUTES, translate_html
 from translate.markdown_document import _parser, translate_markdown
+from translate.markup import restore_markup
 from translate.protect import CLASSES, PLACEHOLDER, find_spans, protected
 
 HTML = (FIXTURES / "documents" / "page.html").read_text(encoding="utf-8")

@@ -1,4 +1,4 @@
-"""HTML documents translated with their markup kept byte for byte (documents.py does the rest).
+"""HTML documents translated with their markup kept byte for byte (markup.py does the rest).
 
 Read with the standard library's `html.parser`, event by event, each event's source text kept:
 
@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable
 from html.parser import HTMLParser
 
-from translate.documents import Markup, translate_blocks
+from translate.markup import Markup, translate_blocks
 
 INLINE = set(
     "a abbr acronym b bdi bdo big br cite data del dfn em font i img ins label mark q s small span strike "

@@ -1,4 +1,4 @@
-"""Markdown documents translated with their syntax kept (documents.py does the rest).
+"""Markdown documents translated with their syntax kept (markup.py does the rest).
 
 The document is parsed with markdown-it-py (CommonMark, with GFM tables and strikethrough) only
 to find where its inline text is: the paragraphs, headings and table cells, line by line. Only
@@ -6,7 +6,7 @@ that text changes; every other byte is copied: block syntax (`#`, `>`, list mark
 pipes), fenced and indented code blocks, HTML blocks, link reference definitions, and YAML
 front matter (between `---` lines at the top).
 
-Within the inline text, the syntax is carried through the sentence as markup (documents.py):
+Within the inline text, the syntax is carried through the sentence as markup (markup.py):
 code spans, autolinks, inline HTML and comments, emphasis delimiters (`*`, `**`, `_` at a word's
 edge, `~~`), the brackets and destinations of links and images (`[`, `![`, `](url "title")`,
 `][label]`; link text and image descriptions are translated, titles are not), a shortcut
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from markdown_it import MarkdownIt
 from markdown_it.common.utils import normalizeReference
 
-from translate.documents import Markup, translate_blocks
+from translate.markup import Markup, translate_blocks
 from translate.protect import MARKUP, PATTERNS
 
 _SYNTAX = [

@@ -23,7 +23,7 @@ attribute is part of the tag; a number inside a URL part of the URL).
 
 Two more kinds of span are protected whatever the classes:
 
-    markup   a private-use character (U+E000-U+F8FF): documents.py stands one for each inline
+    markup   a private-use character (U+E000-U+F8FF): markup.py stands one for each inline
              tag or piece of Markdown syntax within a sentence; no other span runs across one
     term     an entry of a glossary (glossary.py): it comes back as the entry's target term
 
@@ -47,12 +47,9 @@ import re
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from translate.errors import UserError
-
-if TYPE_CHECKING:
-    from translate.glossary import Glossary
 
 log = logging.getLogger("translate")
 
@@ -82,6 +79,14 @@ _NAME = re.compile(r"\b[A-Z][\w'-]{2,}\b")
 MARKUP = re.compile("[\ue000-\uf8ff]")
 
 
+class Terms(Protocol):
+    """What masking needs of a glossary (glossary.Glossary): its terms' spans in a text."""
+
+    def find(self, text: str) -> list[Span]: ...
+
+    def __bool__(self) -> bool: ...
+
+
 @dataclass(frozen=True)
 class Span:
     start: int
@@ -108,7 +113,7 @@ def check_classes(classes: Sequence[str], key: str) -> str | None:
     return None
 
 
-def find_spans(text: str, classes: Sequence[str] = CLASSES, glossary: Glossary | None = None) -> list[Span]:
+def find_spans(text: str, classes: Sequence[str] = CLASSES, glossary: Terms | None = None) -> list[Span]:
     """The protected spans of `text`, left to right, not overlapping (leftmost, then longest wins):
     the classes' spans, the markup characters and the glossary's terms."""
     shadow = MARKUP.sub(" ", text)  # no class's span runs across markup
@@ -142,7 +147,7 @@ def first_then_longest(spans: Iterable[Span]) -> list[Span]:
     return chosen
 
 
-def mask(text: str, classes: Sequence[str] = CLASSES, glossary: Glossary | None = None) -> tuple[str, list[str]]:
+def mask(text: str, classes: Sequence[str] = CLASSES, glossary: Terms | None = None) -> tuple[str, list[str]]:
     """Replace the protected spans by ⦅0⦆, ⦅1⦆ ... (left to right); return the text and what
     comes back in place of each (a span's original text, a term's target), item i for ⦅i⦆.
     At most MAX_PLACEHOLDERS spans are replaced."""
@@ -196,7 +201,7 @@ class Protector:
 
     warned = False  # about a vocabulary without placeholders, once per process
 
-    def __init__(self, classes: Sequence[str], tokenizer, glossary: Glossary | None = None) -> None:
+    def __init__(self, classes: Sequence[str], tokenizer, glossary: Terms | None = None) -> None:
         self.classes = list(classes)
         self.glossary = glossary if glossary else None
         self.enabled = bool(self.classes or self.glossary) and has_placeholders(tokenizer)
@@ -245,7 +250,7 @@ NO_PLACEHOLDERS_FOR_GLOSSARY = (
 def protected(
     translate_batch: Callable[[list[str]], list[str]],
     classes: Sequence[str] = CLASSES,
-    glossary: Glossary | None = None,
+    glossary: Terms | None = None,
 ) -> Callable[[list[str]], list[str]]:
     """`translate_batch` (sentences in, translations out, placeholders passed through as they are)
     with the spans of `classes`, the markup characters and the glossary's terms masked before
