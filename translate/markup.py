@@ -6,8 +6,9 @@ cell, an attribute value). Within a block, each inline tag or piece of inline sy
 is replaced by one private-use character (U+E000...), which protect.py masks as a placeholder:
 the sentence is translated with the markup as units that the model places. Blocks are split into
 sentences (segment.py) and every sentence of the document is translated in one call of
-`translate_batch` (sentences in, translations out, in order; placeholders passed through, as
-translate_lines and protect.protected do).
+`translate_batch` (sentences in, translations out, in order), which must carry the markup
+characters through: translate_lines with protection on does (its Protector masks them), as does
+protect.protected around a model; where it does not, the lost markup is put back at the ends.
 
 Back from translation, `restore_markup` makes the markup of each sentence come out as in the
 source: each piece exactly once (a lost one is put back at the end), in the source's order at
