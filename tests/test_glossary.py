@@ -149,3 +149,27 @@ def test_protected_with_an_empty_glossary_decodes_as_decoding_does(trained_run):
     expected = decode(lines, cfg.decode.protect)
     assert protected(decode, cfg.decode.protect, Glossary({}))(lines) == expected
     assert protected(decode, cfg.decode.protect)(lines) == expected
+
+
+def test_a_real_model_outputs_every_term_as_its_target_exactly_once(trained_run):
+    from conftest import FIXTURES
+
+    from translate.decoding import translate_lines
+    from translate.inference import load_models
+
+    run, _ = trained_run
+    models, tokenizer, cfg = load_models([run / "checkpoints" / "last.pt"], "cpu")
+    search = cfg.decode.search_options({}, 1, beam_size=2)
+    glossary = load_glossary(FIXTURES / "glossary" / "terms.tsv")
+    sentences = (FIXTURES / "glossary" / "sentences.en").read_text(encoding="utf-8").splitlines()
+
+    def decode(batch):
+        return [n[0][0] for n in translate_lines(models, tokenizer, batch, search, workers=1)]
+
+    outputs = protected(decode, cfg.decode.protect, glossary)(sentences)
+    terms = found = 0
+    for sentence, output in zip(sentences, outputs):
+        targets = [s.output for s in find_spans(sentence, cfg.decode.protect, glossary) if s.kind == "term"]
+        terms += len(targets)
+        found += sum(output.count(t) >= targets.count(t) for t in targets)
+    assert terms >= 15 and found == terms
