@@ -1,6 +1,7 @@
 """HTML and Markdown documents: the output parses to the input's tree but for the translated text
 and attributes, code is byte-identical, and no source text is left untranslated."""
 
+import random
 import re
 from html.parser import HTMLParser
 
@@ -237,3 +238,55 @@ def test_sentences_of_a_document_go_in_one_call():
     calls = []
     translate_html("<p>One. Two.</p><p>Three <b>four</b>.</p>", lambda b: calls.append(b) or b)
     assert len(calls) == 1 and len(calls[0]) == 3
+
+
+# ---------------------------------------------------------------------------- random documents
+
+WORDS = "the cat sat on a mat . and then , it ran away ! Why ? see http://x.org/a now 42 times".split()
+
+
+def random_html(rng: random.Random, depth: int = 0) -> str:
+    out = []
+    for _ in range(rng.randint(1, 6)):
+        r = rng.random()
+        if r < 0.5 or depth > 2:
+            out.append(" ".join(rng.choices(WORDS, k=rng.randint(1, 4))))
+        elif r < 0.75:
+            out.append(rng.choice(["<br>", "<code>x &lt; y</code>", "<!-- c -->", "<img alt='a cat' src=c.png>"]))
+        else:
+            tag = rng.choice(["b", "i", "em", "a href='u'", "span title='a tip'"])
+            out.append(f"<{tag}>{random_html(rng, depth + 1)}</{tag.split()[0]}>")
+    return rng.choice(["", " "]).join(out)
+
+
+def random_markdown(rng: random.Random, depth: int = 0) -> str:
+    out = []
+    for _ in range(rng.randint(1, 6)):
+        r = rng.random()
+        if r < 0.5 or depth > 2:
+            out.append(" ".join(rng.choices(WORDS, k=rng.randint(1, 4))))
+        elif r < 0.7:
+            out.append(rng.choice(["`code`", "[link text](http://x.org)", "![a cat](c.png)", "<b>"]))
+        else:
+            delimiter = rng.choice(["*", "**", "_", "~~"])
+            out.append(f"{delimiter}{random_markdown(rng, depth + 1).strip()}{delimiter}")
+    return " ".join(out)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_random_documents_keep_their_trees(model):
+    """Nested inline markup drawn at random (seeded): under every fake model the HTML keeps its
+    tree and all its text is translated; the Markdown keeps its tree, falling back to translating
+    the text between the syntax where the model's placement breaks it."""
+    translate = protected(model, CLASSES)
+    for seed in range(40):
+        rng = random.Random(seed)
+        page = "\n".join(f"<p>{random_html(rng)}</p>" for _ in range(3))
+        out = translate_html(page, translate)
+        assert shape(Tree(out).root) == shape(Tree(page).root), (page, out)
+        assert not any(untranslated(t) for t, opaque in texts(Tree(out).root) if not opaque)
+        readme = "\n\n".join(random_markdown(rng) for _ in range(3)) + "\n"
+        out = translate_markdown(readme, translate)
+        assert md_shape(out) == md_shape(readme), (readme, out)
+        if model is upper:
+            assert not any(untranslated(t) for t in md_texts(out))

@@ -143,14 +143,18 @@ def translate_markdown(text: str, translate_batch: Callable[[list[str]], list[st
     broken = [i for i, out in enumerate(outputs) if _shape("\n".join(out), env) != shapes[i]]
     if broken:  # where the model's placement breaks the syntax, the text between it is translated apart
         runs = [re.split(f"({MARKUP.pattern})", blocks[i]) for i in broken]
-        texts = [run for pieces in runs for run in pieces[::2]]
-        done = iter(translate_blocks(texts, translate_batch, **split))
+        done = iter(translate_blocks([run for pieces in runs for run in pieces[::2]], translate_batch, **split))
         for i, pieces in zip(broken, runs):
-            translated = [next(done) for _ in pieces[::2]]  # a run translated to nothing stays as it was
-            pieces[::2] = [t if t.strip() or not s.strip() else s for s, t in zip(pieces[::2], translated)]
-            outputs[i] = _wrap(markup, "".join(pieces), len(groups[i][0]), groups[i][1])
-            if _shape("\n".join(outputs[i]), env) != shapes[i]:  # still not: the source stays
-                outputs[i] = sources[i].split("\n")
+            args = (markup, pieces, len(groups[i][0]), groups[i][1], env, shapes[i])
+            sources_i, translated = pieces[::2], [next(done) for _ in pieces[::2]]
+            # a run whose translation alone breaks the syntax (its edges change a delimiter's
+            # flanking), or that came back empty, stays as it was
+            keep = [
+                (not t.strip() and bool(s.strip())) or _fits(*args, sources_i[:k] + [t] + sources_i[k + 1 :]) is None
+                for k, (s, t) in enumerate(zip(sources_i, translated))
+            ]
+            texts = [s if kept else t for s, t, kept in zip(sources_i, translated, keep)]
+            outputs[i] = _fits(*args, texts) or sources[i].split("\n")  # still broken: the source stays
     edits: dict[int, list[tuple[int, int, str | None]]] = {}
     for (group, _), wrapped in zip(groups, outputs):
         for k, (line_no, start, end) in enumerate(group):
@@ -163,6 +167,17 @@ def translate_markdown(text: str, translate_batch: Callable[[list[str]], list[st
         if not any(new is None for *_, new in changes):  # a line the translation did not need
             out.append(line)
     return "\n".join(out)
+
+
+def _fits(
+    markup: Markup, pieces: list[str], n_lines: int, is_cell: bool, env: dict, shape: list, texts: list[str]
+) -> list[str] | None:
+    """The block of `pieces` (texts and markup characters) with `texts` in place of its texts,
+    as Markdown lines, if its syntax tree is `shape`; else None."""
+    trial = list(pieces)
+    trial[::2] = texts
+    lines = _wrap(markup, "".join(trial), n_lines, is_cell)
+    return lines if _shape("\n".join(lines), env) == shape else None
 
 
 def _shape(inline: str, env: dict) -> list[tuple]:
