@@ -20,6 +20,7 @@ start Markdown syntax (`* _ [ ] < \\` and a backquote, `|` in a table, `#`, `>`,
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 
@@ -48,6 +49,7 @@ _CELL = re.compile(r"(?:\\.|[^|\\])+")
 _SHORTCUT = r"!?\[[^\[\]]+\](?![(\[])"  # [label]: a shortcut reference if the label is defined
 
 
+@functools.cache
 def _parser() -> MarkdownIt:
     return MarkdownIt("commonmark").enable(["table", "strikethrough"])
 
