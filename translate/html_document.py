@@ -193,13 +193,9 @@ def translate_html(text: str, translate_batch: Callable[[list[str]], list[str]],
                 kind, i, quote = part
                 if kind == "attribute":
                     out.append(escape(translations[i], quote))
-                else:
-                    out += [p if isinstance(p, str) else render(p) for p in _escaped(doc, translations[i], escape)]
+                else:  # a block: its text escaped, its markup's parts rendered
+                    for piece in doc.markup.split(translations[i]):
+                        out.append(escape(piece, None) if isinstance(piece, str) else render(piece))  # type: ignore[arg-type]
         return "".join(out)
 
     return render(doc.parts)
-
-
-def _escaped(doc: _Document, block: str, escape: Callable[[str, str | None], str]) -> list[object]:
-    """A translated block as escaped text and its markup's parts."""
-    return [escape(p, None) if isinstance(p, str) else p for p in doc.markup.split(block)]
