@@ -10,6 +10,8 @@ ORDER = [
     "errors", "textio", "hardware", "tokenizer", "batching", "loss", "protect", "distributed", "syncs",
     # config and data
     "config", "sources", "data", "evaluate",
+    # paragraphs, glossaries, documents
+    "glossary", "segment", "markup", "html_document", "markdown_document", "documents",
     # model
     "model", "search", "checkpoint", "adapt",
     # using a model

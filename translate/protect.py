@@ -21,6 +21,16 @@ The classes of spans (config `data.protect` for training, `decode.protect` for d
 Where spans overlap, the one starting first wins, then the longest (a URL inside a tag
 attribute is part of the tag; a number inside a URL part of the URL).
 
+Two more kinds of span are protected whatever the classes:
+
+    markup   a private-use character (U+E000-U+F8FF): markup.py stands one for each inline
+             tag or piece of Markdown syntax within a sentence; no other span runs across one
+    term     an entry of a glossary (glossary.py): it comes back as the entry's target term
+
+A glossary's terms compete with the classes' spans by the same rule (the first to start wins,
+then the longest): a term inside a URL or a tag is part of it and left alone, a term that
+starts before a number it contains ("Windows 10") wins over the number.
+
 Training (`augment_pairs`): a share `data.protect_share` of the train pairs is added a second
 time, with placeholders: spans of the classes above, and capitalised names, that occur verbatim
 and once on both sides are replaced by the same placeholder on both sides; pairs without any get
@@ -35,8 +45,11 @@ import logging
 import random
 import re
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
+
+from translate.errors import UserError
 
 log = logging.getLogger("translate")
 
@@ -63,12 +76,24 @@ _ESCAPES_COMPILED = {name: re.compile(p) for name, p in _ESCAPES.items()}
 _NAME = re.compile(r"\b[A-Z][\w'-]{2,}\b")
 
 
+MARKUP = re.compile("[\ue000-\uf8ff]")
+
+
+class Terms(Protocol):
+    """What masking needs of a glossary (glossary.Glossary): its terms' spans in a text."""
+
+    def find(self, text: str) -> list[Span]: ...
+
+    def __bool__(self) -> bool: ...
+
+
 @dataclass(frozen=True)
 class Span:
     start: int
     end: int
     text: str
-    kind: str  # a class of CLASSES
+    kind: str  # a class of CLASSES, "markup", "term" or "escape"
+    output: str | None = None  # what comes back in its place (None: the text itself)
 
 
 def placeholder(i: int) -> str:
@@ -88,40 +113,51 @@ def check_classes(classes: Sequence[str], key: str) -> str | None:
     return None
 
 
-def find_spans(text: str, classes: Sequence[str] = CLASSES) -> list[Span]:
-    """The protected spans of `text`, left to right, not overlapping (leftmost, then longest wins)."""
+def find_spans(text: str, classes: Sequence[str] = CLASSES, glossary: Terms | None = None) -> list[Span]:
+    """The protected spans of `text`, left to right, not overlapping (leftmost, then longest wins):
+    the classes' spans, the markup characters and the glossary's terms."""
+    shadow = MARKUP.sub(" ", text)  # no class's span runs across markup
     found = [
-        (m.start(), -m.end(), kind)
+        Span(m.start(), m.end(), text[m.start() : m.end()], kind)
         for kind in classes
-        for regex in (_COMPILED[kind], _ESCAPES_COMPILED.get(kind))
-        if regex is not None
-        for m in regex.finditer(text)
+        for m in _COMPILED[kind].finditer(shadow)
         if m.end() > m.start()
     ]
-    escapes = {
-        (m.start(), m.end()) for k in classes if k in _ESCAPES_COMPILED for m in _ESCAPES_COMPILED[k].finditer(text)
-    }
-    spans, taken = [], 0
-    for start, neg_end, kind in sorted(found):
-        end = -neg_end
-        if start < taken:
-            continue
-        taken = end
-        if (start, end) not in escapes:
-            spans.append(Span(start, end, text[start:end], kind))
-    return spans
+    found += [
+        Span(m.start(), m.end(), m.group(), "escape")
+        for kind in classes
+        if kind in _ESCAPES_COMPILED
+        for m in _ESCAPES_COMPILED[kind].finditer(shadow)
+    ]
+    found += [Span(m.start(), m.end(), m.group(), "markup") for m in MARKUP.finditer(text)]
+    if glossary is not None:
+        found += glossary.find(text)
+    return [s for s in first_then_longest(found) if s.kind != "escape"]
 
 
-def mask(text: str, classes: Sequence[str] = CLASSES) -> tuple[str, list[str]]:
-    """Replace the protected spans by ⦅0⦆, ⦅1⦆ ... (left to right); return the text and the spans'
-    original texts, span i belonging to ⦅i⦆. At most MAX_PLACEHOLDERS spans are replaced."""
-    spans = find_spans(text, classes)[:MAX_PLACEHOLDERS]
+def first_then_longest(spans: Iterable[Span]) -> list[Span]:
+    """The spans that do not overlap one chosen before them, taken by start, then longest first
+    (an escape that wins is returned too, for the caller to drop)."""
+    chosen: list[Span] = []
+    taken = 0
+    for span in sorted(spans, key=lambda s: (s.start, -s.end, s.kind != "escape")):
+        if span.start >= taken:
+            chosen.append(span)
+            taken = span.end
+    return chosen
+
+
+def mask(text: str, classes: Sequence[str] = CLASSES, glossary: Terms | None = None) -> tuple[str, list[str]]:
+    """Replace the protected spans by ⦅0⦆, ⦅1⦆ ... (left to right); return the text and what
+    comes back in place of each (a span's original text, a term's target), item i for ⦅i⦆.
+    At most MAX_PLACEHOLDERS spans are replaced."""
+    spans = find_spans(text, classes, glossary)[:MAX_PLACEHOLDERS]
     parts, last = [], 0
     for i, span in enumerate(spans):
         parts += [text[last : span.start], placeholder(i)]
         last = span.end
     parts.append(text[last:])
-    return "".join(parts), [s.text for s in spans]
+    return "".join(parts), [s.text if s.output is None else s.output for s in spans]
 
 
 def unmask(output: str, spans: Sequence[str]) -> str:
@@ -165,9 +201,12 @@ class Protector:
 
     warned = False  # about a vocabulary without placeholders, once per process
 
-    def __init__(self, classes: Sequence[str], tokenizer) -> None:
+    def __init__(self, classes: Sequence[str], tokenizer, glossary: Terms | None = None) -> None:
         self.classes = list(classes)
-        self.enabled = bool(self.classes) and has_placeholders(tokenizer)
+        self.glossary = glossary if glossary else None
+        self.enabled = bool(self.classes or self.glossary) and has_placeholders(tokenizer)
+        if self.glossary and not self.enabled:
+            raise UserError(NO_PLACEHOLDERS_FOR_GLOSSARY)
         if self.classes and not self.enabled and not Protector.warned:
             Protector.warned = True
             log.warning("this vocabulary has no placeholder pieces (data.protect_share was 0): spans not protected")
@@ -179,7 +218,7 @@ class Protector:
             yield from lines
             return
         for line in lines:
-            masked, spans = mask(line, self.classes)
+            masked, spans = mask(line, self.classes, self.glossary)
             self.pending.append(spans)
             yield masked
 
@@ -201,6 +240,28 @@ class Protector:
                 f"{self.repaired} of {self.lines} lines: the model did not place every protected span exactly once; "
                 "the missing ones were added at the end of the line, duplicates dropped"
             )
+
+
+NO_PLACEHOLDERS_FOR_GLOSSARY = (
+    "a glossary needs a model whose vocabulary has placeholder pieces (trained with data.protect_share > 0)"
+)
+
+
+def protected(
+    translate_batch: Callable[[list[str]], list[str]],
+    classes: Sequence[str] = CLASSES,
+    glossary: Terms | None = None,
+) -> Callable[[list[str]], list[str]]:
+    """`translate_batch` (sentences in, translations out, placeholders passed through as they are)
+    with the spans of `classes`, the markup characters and the glossary's terms masked before
+    and restored after, as Protector does inside decoding."""
+
+    def translate(sentences: list[str]) -> list[str]:
+        masked = [mask(s, classes, glossary) for s in sentences]
+        outputs = translate_batch([m for m, _ in masked]) if masked else []
+        return [unmask(repair(out, len(spans))[0], spans) for out, (_, spans) in zip(outputs, masked, strict=True)]
+
+    return translate
 
 
 # ---------------------------------------------------------------------------- training

@@ -1,0 +1,104 @@
+"""Paragraphs split into sentences, translated together and joined (translate/segment.py)."""
+
+import pytest
+
+from translate.segment import fit_budget, join_sentences, split_sentences, translate_paragraphs
+
+PROSE = [
+    ("Mr. Smith went to Washington. He arrived at 3.5 p.m. on Monday.", 2),
+    ("Use a tool, e.g. a hammer. It costs $3.50 today! Really? Yes.", 4),
+    ('He said, "Stop right there." Then he left.', 2),
+    ("The U.S. economy grew 2.5% in Q1. The U.K. did not.", 2),
+    ("See https://example.com/a.b?c=d for details. Then write to j.doe@example.org today.", 2),
+    ("Version 1.2.3 is out. i.e. this is fine.", 2),
+    ("And God said, Let there be light: and there was light. And God saw the light, that it was good.", 2),
+    ("One sentence without end", 1),
+]
+
+
+@pytest.mark.parametrize("text,n", PROSE)
+def test_sentences_of_english_prose(text, n):
+    sentences, gaps = split_sentences(text)
+    assert len(sentences) == n
+    assert join_sentences(sentences, gaps) == text
+    assert all(s == s.strip() and s for s in sentences)
+
+
+@pytest.mark.parametrize(
+    "text", ["  First.  Second.\tThird.  ", "", "   ", "x", "Hello.\ue001 Next one.", "a.b. C", 'Stop."Go on." Now.']
+)
+def test_the_whitespace_is_kept(text):
+    sentences, gaps = split_sentences(text)
+    assert len(gaps) == len(sentences) + 1
+    assert join_sentences(sentences, gaps) == text
+    assert all(not g.strip() for g in gaps)
+
+
+def test_a_sentence_ends_at_whitespace():
+    """A cut between a full stop and what follows it without a space moves to the next space."""
+    assert split_sentences("\ue000Hello world.\ue001 Next sentence.")[0] == [
+        "\ue000Hello world.\ue001",
+        "Next sentence.",
+    ]
+
+
+def test_a_long_sentence_is_cut_at_clause_punctuation_then_spaces():
+    sentence = "one two three four, five six seven eight nine ten; eleven twelve"
+    parts = [sentence[a:b] for a, b in fit_budget(sentence, 6)]
+    assert parts == ["one two three four,", "five six seven eight nine ten;", "eleven twelve"]
+    words = " ".join(["word"] * 20)
+    parts = [words[a:b] for a, b in fit_budget(words, 6)]
+    assert all(len(p.split()) <= 6 for p in parts) and " ".join(parts) == words
+    assert fit_budget("x" * 50, 1, len) == [(0, 50)]  # no space: left whole
+    sentences, gaps = split_sentences(f"Short one. {sentence}", max_tokens=6)
+    assert sentences[0] == "Short one." and len(sentences) == 4
+    assert join_sentences(sentences, gaps) == f"Short one. {sentence}"
+
+
+def test_paragraphs_translated_in_one_call_and_joined():
+    calls = []
+
+    def upper(batch):
+        calls.append(list(batch))
+        return [s.upper() for s in batch]
+
+    lines = ["First one. Second one!  Third?", "", "  Only one sentence.  ", "No stop"]
+    assert translate_paragraphs(lines, upper) == ["FIRST ONE. SECOND ONE!  THIRD?", "", "ONLY ONE SENTENCE.", "NO STOP"]
+    assert calls == [["First one.", "Second one!", "Third?", "Only one sentence.", "No stop"]]
+
+
+def test_one_sentence_lines_are_translated_as_they_are():
+    """What the translator receives for a one-sentence line is the line (as it would strip it)."""
+    lines = ["In the beginning God created the heaven and the earth.", "Mr. Smith arrived at 3.5 p.m."]
+    seen = []
+    translate_paragraphs(lines, lambda batch: seen.extend(batch) or batch)
+    assert seen == lines
+
+
+def test_nothing_to_translate_makes_no_call():
+    def fail(batch):
+        raise AssertionError("called")
+
+    assert translate_paragraphs(["", "  "], fail) == ["", ""]
+
+
+def test_one_sentence_lines_come_out_as_without_splitting(trained_run):
+    from conftest import FIXTURES
+
+    from translate.decoding import translate_lines
+    from translate.inference import load_models
+
+    run, _ = trained_run
+    models, tokenizer, cfg = load_models([run / "checkpoints" / "last.pt"], "cpu")
+    search = cfg.decode.search_options({}, 1, beam_size=2)
+
+    def decode(batch):
+        return [
+            n[0][0] for n in translate_lines(models, tokenizer, batch, search, workers=1, protect=cfg.decode.protect)
+        ]
+
+    lines = [
+        line for line in (FIXTURES / "bible.test.en").read_text().splitlines() if len(split_sentences(line)[0]) == 1
+    ]
+    assert len(lines) >= 10
+    assert translate_paragraphs(lines, decode) == decode(lines)
