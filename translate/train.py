@@ -14,10 +14,11 @@ fused optimizer on the device (`found_inf`, as GradScaler does) and counted when
 logs or saves, and the batches of the next updates are collated ahead in a background thread
 (into pinned memory on a GPU). tests/test_train.py counts the synchronisations of updates.
 
-The Trainer holds one run's model, optimizer and data; its state lives in types of its own
-(trainstate.py: `TrainState`, `Clock`, `Speedometer`, the stop checks; trainlog.py:
-`TensorboardLogger`). The run directory is rundir.py's, the processes of a torchrun
-distributed.py's, the data prepare.py's and data.py's.
+The Trainer holds one run's model, optimizer and data, and makes its updates; the rest has a
+module of its own: the run's state, clocks, running sums and stop checks (trainstate.py),
+TensorBoard and the progress bar (trainlog.py), validation (validation.py), the optimizer and
+schedule (optim.py), the run directory (rundir.py), the processes of a torchrun
+(distributed.py), the data (prepare.py, data.py).
 """
 
 from __future__ import annotations
