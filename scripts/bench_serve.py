@@ -9,8 +9,8 @@ its own keep-alive connection, each sending the next sentence not yet sent as so
 request is answered, so that all of them stay busy until the last sentences are in flight
 (`--per-request N`: N consecutive sentences a request, as `{"texts": [...]}`).
 It prints sentences/s (sentences / wall time) and the median and 99th percentile of the
-request latencies. The baseline is the search `translate decode` runs, `translate_lines` with
-the checkpoint's options, over the same sentences in this process (the model loaded first, as
+request latencies. The baseline is what `translate decode` runs, an Engine with the checkpoint's
+options, over the same sentences in this process (the model loaded first, as
 the server's is), with the server idle. Every server answer is checked against it. A second
 baseline runs the same search over the sentences in consecutive rounds of C (the most clients)
 in input order: what a server whose C clients each have one sentence in flight could feed it at
@@ -18,7 +18,7 @@ best, with no HTTP, no waiting and no overlap of rounds. A third feeds it rounds
 that end at about the same step (grouped by the length of their translation): about the best a
 batch of C sentences refilled as they finish (the server's continuous batching) can do. The last line is the server's
 sentences/s at the most clients as a share of both. With --without-http the server's decoding processes are also
-started in this process and called by the same client threads without HTTP (`ProcessBatcher.submit`), at the most
+started in this process and called by the same client threads without HTTP (`ProcessEngine.submit`), at the most
 clients: what the search and its batching reach with no HTTP, JSON or event loop. On a machine
 busy with other work the figures are noisy: run with --repeats 3 (medians are printed).
 """
@@ -40,14 +40,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import torch
-
-from translate.config import SearchOptions
-from translate.decoding import decode_workers, translate_lines
-from translate.hardware import describe_machine, resolve_device
-from translate.inference import keep_freed_memory, load_models
-from translate.serve import ProcessBatcher, decoding_load
-from translate.translator import decode_options
+from translate.config import SearchOptions, ServingLimits
+from translate.engine import Engine, EngineSpec, first_best
+from translate.hardware import describe_machine
+from translate.inference import keep_freed_memory
+from translate.pool import ProcessEngine, resolve_spec
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -92,15 +89,12 @@ class Server:
         self.proc.wait(timeout=120)
 
 
-def decoding_processes(checkpoint: str, window_ms: float, workers: int = 0) -> ProcessBatcher:
+def decoding_processes(checkpoint: str, window_ms: float, workers: int = 0) -> ProcessEngine:
     """The decoding processes `translate serve CHECKPOINT --device cpu` starts, with its defaults, in this process."""
-    workers = workers or decode_workers(torch.device("cpu"))
-    load = decoding_load([checkpoint], device="cpu", workers=workers, window_ms=window_ms)
-    batcher = ProcessBatcher(
-        load, workers=workers, threads=max(1, torch.get_num_threads() // workers), max_queue=1 << 20
-    )
-    batcher.start()
-    return batcher
+    limits = ServingLimits(batch_window_ms=window_ms, max_queue=1 << 20)
+    engine = ProcessEngine(resolve_spec(EngineSpec.of([checkpoint], device="cpu", workers=workers, limits=limits)))
+    engine.start()
+    return engine
 
 
 class HttpClient:
@@ -126,11 +120,11 @@ class HttpClient:
 class DirectClient:
     """One client of the server's decoding processes called in this process, without HTTP."""
 
-    def __init__(self, batcher: ProcessBatcher, search: SearchOptions) -> None:
-        self.batcher, self.search = batcher, search
+    def __init__(self, engine: ProcessEngine, search: SearchOptions) -> None:
+        self.engine, self.search = engine, search
 
     def translate(self, texts: list[str]) -> list[str]:
-        return [nbest[0][0] for nbest in self.batcher.submit(texts, self.search).result()]
+        return first_best(self.engine.submit(texts, self.search).result())
 
     def close(self) -> None:
         pass
@@ -178,8 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     src = Path(args.src) if args.src else Path(args.checkpoint).parent.parent / "data" / "test.en"
     sentences = [line for line in src.read_text(encoding="utf-8").splitlines() if line.strip()][: args.sentences]
     keep_freed_memory()  # as `translate decode` and `translate serve` do
-    models, tokenizer, cfg = load_models([args.checkpoint], resolve_device("cpu"))
-    search, batch_tokens = decode_options(cfg)
+    engine = Engine.load(EngineSpec.of([args.checkpoint], device="cpu"))  # what `translate decode` holds
+    search = engine.defaults
     print(describe_machine())
     print(
         f"{len(sentences)} sentences of {src}, {args.per_request} per request; beam {search.beam_size}, "
@@ -199,31 +193,21 @@ def main(argv: list[str] | None = None) -> None:
         same = []
         for _ in range(args.repeats):
             start = time.perf_counter()
-            expected = [
-                n[0][0] for n in translate_lines(models, tokenizer, sentences, search, batch_tokens=batch_tokens)
-            ]
+            expected = first_best(engine.translate(sentences))
             decode_s.append(time.perf_counter() - start)
             start = time.perf_counter()  # the same search, fed as C clients with one sentence each can feed it
             for i in range(0, len(sentences), clients[-1] * args.per_request):
-                list(
-                    translate_lines(
-                        models,
-                        tokenizer,
-                        sentences[i : i + clients[-1] * args.per_request],
-                        search,
-                        batch_tokens=batch_tokens,
-                    )
-                )
+                list(engine.translate(sentences[i : i + clients[-1] * args.per_request]))
             rounds_s.append(time.perf_counter() - start)
             # rounds whose sentences end together (grouped by the length of their translation):
             # about what a continuously refilled batch of that many sentences can reach at best
-            out_lens = [len(ids) for ids in tokenizer.encode(expected)]
+            out_lens = [len(ids) for ids in engine.tokenizer.encode(expected)]
             order = sorted(range(len(sentences)), key=lambda i: out_lens[i])
             size = clients[-1] * args.per_request
             start = time.perf_counter()
             for i in range(0, len(sentences), size):
                 group = [sentences[j] for j in order[i : i + size]]
-                list(translate_lines(models, tokenizer, group, search, batch_tokens=batch_tokens))
+                list(engine.translate(group))
             ending_s.append(time.perf_counter() - start)
             for c in clients:
                 seconds, latencies, got = run_clients(lambda: HttpClient(server.port), sentences, c, args.per_request)

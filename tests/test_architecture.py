@@ -13,7 +13,7 @@ ORDER = [
     # model
     "model", "search", "checkpoint", "adapt",
     # using a model
-    "prepare", "inference", "decoding", "plot", "report", "export", "translator",
+    "prepare", "inference", "decoding", "batcher", "engine", "pool", "plot", "report", "export", "translator",
     # training
     "rundir", "train",
     # front ends
@@ -22,8 +22,13 @@ ORDER = [
 
 
 def imports(path: Path) -> set[str]:
+    """The package's modules that `path` imports, except under `if TYPE_CHECKING:` (annotations only)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            node.body = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("translate."):
             found.add(node.module.split(".")[1])
         elif isinstance(node, ast.ImportFrom) and node.module == "translate":

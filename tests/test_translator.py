@@ -14,6 +14,7 @@ from translate import hardware
 from translate.checkpoint import CHECKPOINT_FORMAT
 from translate.config import Config, DecodeConfig, ModelConfig, SearchOptions, config_to_dict
 from translate.decoding import decode_batches, in_workers, translate_lines
+from translate.engine import EngineSpec
 from translate.errors import UserError
 from translate.inference import check_precision, for_inference, keep_freed_memory, load_models
 from translate.model import Transformer
@@ -304,13 +305,17 @@ def checkpoint(model, tokenizer, tmp_path_factory):
     return path
 
 
+def spec(*checkpoints, **options) -> EngineSpec:
+    return EngineSpec.of(checkpoints, device="cpu", **options)
+
+
 def test_decode_file_nbest_tsv(checkpoint, tmp_path):
     src, out = tmp_path / "in.en", tmp_path / "out.fr"
     src.write_text("the cat sees a bird\n\ndog\n", encoding="utf-8")
-    assert decode_file([checkpoint], src, out, nbest=2, with_scores=True, device="cpu") == 3
+    assert decode_file(spec(checkpoint, nbest=2), src, out, with_scores=True) == 3
     rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
     assert [r[0] for r in rows] == ["0", "0", "1", "1", "2", "2"] and rows[2][2] == ""
-    assert decode_file([checkpoint, checkpoint], src, out, beam=1, device="cpu") == 3  # an ensemble, greedy
+    assert decode_file(spec(checkpoint, checkpoint, beam_size=1), src, out) == 3  # an ensemble, greedy
     assert len(out.read_text(encoding="utf-8").split("\n")) == 4
 
 
@@ -318,7 +323,7 @@ def test_decode_file_refuses_to_overwrite_its_input(checkpoint, tmp_path):
     src = tmp_path / "in.en"
     src.write_text("dog\n", encoding="utf-8")
     with pytest.raises(UserError, match="input file"):
-        decode_file([checkpoint], src, src, device="cpu")
+        decode_file(spec(checkpoint), src, src)
     assert src.read_text(encoding="utf-8") == "dog\n"
 
 
@@ -333,7 +338,7 @@ def test_ensemble_needs_one_vocabulary(checkpoint, tmp_path):
 
 def test_translate_file_lines(checkpoint, tmp_path):
     out = tmp_path / "hyp.fr"
-    hyps = translate_file_lines([checkpoint], ["the cat", "", "dog"], device="cpu", output=out)
+    hyps = translate_file_lines(spec(checkpoint), ["the cat", "", "dog"], output=out)
     assert len(hyps) == 3 and hyps[1] == ""
     assert out.read_text(encoding="utf-8").split("\n")[:3] == hyps
 
@@ -356,7 +361,7 @@ def test_int8_quantized_model_decodes(checkpoint, tmp_path):
     assert "quantized" in type(quantized.output).__module__  # the tied output projection too
     src, out = tmp_path / "in.en", tmp_path / "out.fr"
     src.write_text("the cat sees a bird\n\ndog\nthe old stone\n", encoding="utf-8")
-    assert decode_file([checkpoint], src, out, nbest=2, device="cpu", quantize="int8") == 4
+    assert decode_file(spec(checkpoint, nbest=2, quantize="int8"), src, out) == 4
     lines = out.read_text(encoding="utf-8").split("\n")
     assert len(lines) == 9 and lines[2] == lines[3] == "" and lines[0]
 

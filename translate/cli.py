@@ -186,16 +186,18 @@ def train(
     # default run's memory over 1,000 updates at the same speed (docs/experiments.md, "Host memory").
     # A value the user set is kept.
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
+    from translate.distributed import World
     from translate.hardware import choose_amp, resolve_device
     from translate.train import train as run_train
 
     cfg = _load_cfg(config, [*(set_ or []), *([f"train.init_from={init_from}"] if init_from else [])])
-    device = resolve_device(cfg.train.device, "train.device", int(os.environ.get("LOCAL_RANK", "0")))
+    world = World.from_env()
+    device = resolve_device(cfg.train.device, "train.device", world.local_rank)
     choose_amp(cfg.train.amp, device)  # a precision the machine cannot run is refused before anything is written
-    if os.environ.get("RANK", "0") == "0":
+    if world.main:
         _log_to_file(cfg.run_path / "train.log")
     metrics = run_train(cfg, resume=resume)
-    if metrics and os.environ.get("RANK", "0") == "0":
+    if metrics and world.main:
         typer.echo(f"last validation: {json.dumps({k: round(v, 3) for k, v in metrics.items()})}")
         typer.echo(f"checkpoints in {cfg.run_path / 'checkpoints'}")
 
@@ -221,14 +223,15 @@ def decode(
     protect: ProtectOpt = True,
 ) -> None:
     """Translate a text file (or stdin) with greedy (--beam 1) or beam search."""
+    from translate.engine import EngineSpec
     from translate.translator import decode_file
 
     _keep_freed_memory()
-    decode_file(
-        checkpoints, input, output, beam=beam, length_penalty=lenpen, nbest=nbest, with_scores=scores,
-        batch_tokens=batch_tokens, workers=workers, max_len_a=max_len_a, max_len_b=max_len_b, device=device,
-        dtype=dtype, quantize=quantize, protect=protect,
+    spec = EngineSpec.of(
+        checkpoints, device=device, dtype=dtype, quantize=quantize, protect=protect, batch_tokens=batch_tokens,
+        workers=workers, beam_size=beam, length_penalty=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest,
     )  # fmt: skip
+    decode_file(spec, input, output, with_scores=scores)
 
 
 @app.command()
@@ -261,14 +264,17 @@ def evaluate(
     protect: ProtectOpt = True,
 ) -> None:
     """sacreBLEU BLEU and chrF (with signatures) of a checkpoint on --src/--ref, or of --hyp against --ref."""
+    from translate.engine import EngineSpec
     from translate.translator import evaluate_files
 
     _keep_freed_memory()
+    spec = EngineSpec.of(
+        checkpoints or [], device=device, dtype=dtype, quantize=quantize, protect=protect, batch_tokens=batch_tokens,
+        workers=workers, beam_size=beam, length_penalty=lenpen,
+    )  # fmt: skip
     for line in evaluate_files(
-        ref, checkpoints=checkpoints or [], src=src, hyp=hyp, hyp_b=hyp_b, output=output, json_out=json_out,
-        report=report, beam=beam, length_penalty=lenpen, batch_tokens=batch_tokens, workers=workers, device=device,
-        dtype=dtype, quantize=quantize, protect=protect,
-    ):  # fmt: skip
+        ref, spec=spec, src=src, hyp=hyp, hyp_b=hyp_b, output=output, json_out=json_out, report=report
+    ):
         typer.echo(line)
 
 
@@ -297,16 +303,17 @@ def serve(
     protect: ProtectOpt = True,
 ) -> None:
     """HTTP JSON API: POST /translate {"text": ...} or {"texts": [...]}, GET /health (README, Deploying)."""
+    from translate.config import ServingLimits
+    from translate.engine import EngineSpec
     from translate.serve import serve as run_serve
 
     _keep_freed_memory()
-
-    run_serve(
-        checkpoints, host=host, port=port, beam=beam, length_penalty=lenpen, batch_tokens=batch_tokens,
-        workers=workers, device=device, dtype=dtype, quantize=quantize, batch_window_ms=batch_window_ms,
-        max_batch=max_batch, max_queue=max_queue, max_texts=max_texts, max_request_bytes=max_request_bytes,
-        log_text=log_text, protect=protect,
+    limits = ServingLimits(batch_window_ms, max_batch, max_queue, max_texts, max_request_bytes)
+    spec = EngineSpec.of(
+        checkpoints, device=device, dtype=dtype, quantize=quantize, protect=protect, batch_tokens=batch_tokens,
+        workers=workers, beam_size=beam, length_penalty=lenpen, limits=limits,
     )  # fmt: skip
+    run_serve(spec, host=host, port=port, log_text=log_text)
 
 
 @app.command()

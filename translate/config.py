@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -148,6 +149,10 @@ class SearchOptions:
             )
         return self
 
+    def given(self, names: dict[str, str] | None = None, **values: float | None) -> SearchOptions:
+        """These options with the values given (None: not given, keep this one's); checked."""
+        return dataclasses.replace(self, **{k: v for k, v in values.items() if v is not None}).check(names)
+
 
 CLI_NAMES = {
     "beam_size": "--beam",
@@ -173,8 +178,41 @@ class DecodeConfig:
     ) -> SearchOptions:
         """The SearchOptions given (None: not given), else this section's; checked (see SearchOptions.check)."""
         fields = ("beam_size", "length_penalty", "max_len_a", "max_len_b")
-        values = {f: getattr(self, f) if given.get(f) is None else given[f] for f in fields}
-        return SearchOptions(**values, nbest=nbest).check(names)  # type: ignore[arg-type]
+        ours = SearchOptions(**{f: getattr(self, f) for f in fields}, nbest=1)  # type: ignore[arg-type]
+        return ours.given(names, **given, nbest=nbest)
+
+
+@dataclass(frozen=True)
+class ServingLimits:
+    """How `translate serve` batches and what it refuses: the one home of the server's limits and
+    their checks (each named by its --option in messages)."""
+
+    batch_window_ms: float = 5.0  # how long an idle worker waits for more requests before it starts
+    max_batch: int = 256  # sentences a decoding worker searches at once
+    max_queue: int = 1024  # sentences waiting; past it: 503
+    max_texts: int = 256  # sentences in one request; past it: 413
+    max_request_bytes: int = 1 << 20  # body size; past it: 413
+    max_beam: int = 64  # the largest beam_size a request (or --beam) may ask for
+
+    def check(self) -> ServingLimits:
+        """self, or a UserError naming the first option out of its range."""
+        for option, value, low in [
+            ("--batch-window-ms", self.batch_window_ms, 0),
+            ("--max-batch", self.max_batch, 1),
+            ("--max-queue", self.max_queue, 1),
+            ("--max-texts", self.max_texts, 1),
+            ("--max-request-bytes", self.max_request_bytes, 1),
+        ]:
+            if not value >= low or not math.isfinite(value):
+                raise UserError(f"{option} must be at least {low}, got {value}")
+        if self.max_texts > self.max_queue:
+            raise UserError(f"--max-texts ({self.max_texts}) must not exceed --max-queue ({self.max_queue})")
+        return self
+
+    @property
+    def window(self) -> float:
+        """The batching window in seconds."""
+        return self.batch_window_ms / 1000
 
 
 @dataclass(frozen=True)

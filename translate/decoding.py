@@ -30,6 +30,8 @@ from translate.search import Hypothesis, beam_search
 from translate.textio import Translation
 from translate.tokenizer import EOS, PAD, Tokenizer
 
+Progress = Callable[[int], object]  # called with the number of lines just done
+
 
 def translate_lines(
     models: Sequence[Transformer] | Transformer,
@@ -42,7 +44,7 @@ def translate_lines(
     stream: bool = False,
     chunk_lines: int = 2000,
     workers: int = 0,
-    on_progress: Callable[[int], object] | None = None,
+    on_progress: Progress | None = None,
     protect: Sequence[str] = (),
 ) -> Iterator[Translation]:
     """Translate `lines` (an ensemble when several models are given): an iterator that yields, per
@@ -192,7 +194,7 @@ def translate_sources(
     batch_tokens: int,
     device: torch.device,
     workers: int = 1,
-    on_progress: Callable[[int], object] | None = None,
+    on_progress: Progress | None = None,
 ) -> list[Translation]:
     """Decode every non-blank source in token-budget batches, `workers` at once; results in the
     order of `sources`."""
@@ -200,7 +202,8 @@ def translate_sources(
     results: list[Translation] = [[("", 0.0)] * nbest for _ in sources]
     todo = [i for i, ids in enumerate(sources) if ids is not None]
     lengths = [len(sources[i]) for i in todo]  # type: ignore[arg-type]
-    batches = [[todo[j] for j in batch] for batch in decode_batches(lengths, batch_tokens // workers, search.beam_size)]
+    budget = share(batch_tokens, workers)
+    batches = [[todo[j] for j in batch] for batch in decode_batches(lengths, budget, search.beam_size)]
     while 0 < len(batches) < workers and max(map(len, batches)) > 1:  # too few batches for the workers: halve one
         big = max(batches, key=len)
         batches.remove(big)
@@ -247,6 +250,11 @@ def decode_workers(device: torch.device) -> int:
     return 2 if device.type == "cpu" and torch.get_num_threads() >= 2 else 1
 
 
+def share(total: int, workers: int) -> int:
+    """One worker's share of `total` (torch threads, batch tokens): at least 1."""
+    return max(1, total // workers)
+
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -258,7 +266,7 @@ def in_workers(fn: Callable[[T], R], items: list[T], workers: int) -> Iterator[R
         yield from map(fn, items)
         return
     threads = torch.get_num_threads()
-    pool = ThreadPoolExecutor(workers, "translate-decode", torch.set_num_threads, (max(1, threads // workers),))
+    pool = ThreadPoolExecutor(workers, "translate-decode", torch.set_num_threads, (share(threads, workers),))
     try:
         yield from pool.map(fn, items)
     finally:
