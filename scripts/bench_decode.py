@@ -60,7 +60,6 @@ from pathlib import Path
 import torch
 
 from translate.checkpoint import load_model
-from translate.config import SearchOptions
 from translate.decoding import decode_batches, in_workers, pad_batch
 from translate.engine import Engine, EngineSpec
 from translate.errors import UserError
@@ -68,6 +67,7 @@ from translate.export import ct2_spec, hf_marian
 from translate.hardware import describe_machine
 from translate.inference import keep_freed_memory
 from translate.model import Transformer
+from translate.options import SearchOptions
 from translate.search import beam_search, max_output_lengths
 from translate.tokenizer import BOS, EOS, PAD, UNK
 

@@ -7,7 +7,7 @@ import translate
 
 ORDER = [
     # foundations
-    "errors", "textio", "hardware", "tokenizer", "batching", "loss", "protect", "distributed",
+    "errors", "options", "textio", "hardware", "tokenizer", "batching", "loss", "protect", "distributed",
     # config and data
     "config", "sources", "data", "evaluate",
     # model

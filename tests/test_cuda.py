@@ -9,9 +9,9 @@ import torch
 from conftest import FIXTURES, run_cli, tiny_config
 
 from translate.checkpoint import load_checkpoint, rng_state, set_rng_state
-from translate.config import SearchOptions
 from translate.decoding import translate_lines
 from translate.inference import load_models
+from translate.options import SearchOptions
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

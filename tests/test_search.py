@@ -9,9 +9,10 @@ import torch
 
 from translate import model as model_module
 from translate import search
-from translate.config import ModelConfig, SearchOptions
+from translate.config import ModelConfig
 from translate.errors import UserError
 from translate.model import Transformer
+from translate.options import SearchOptions
 from translate.search import (
     BeamSearch,
     Ensemble,

@@ -12,12 +12,13 @@ import torch
 
 from translate import hardware
 from translate.checkpoint import CHECKPOINT_FORMAT
-from translate.config import Config, DecodeConfig, ModelConfig, SearchOptions, config_to_dict
+from translate.config import Config, DecodeConfig, ModelConfig, config_to_dict
 from translate.decoding import decode_batches, in_workers, translate_lines
 from translate.engine import EngineSpec
 from translate.errors import UserError
 from translate.inference import check_precision, for_inference, keep_freed_memory, load_models
 from translate.model import Transformer
+from translate.options import SearchOptions
 from translate.textio import read_lines, write_translations
 from translate.tokenizer import Tokenizer
 from translate.translator import decode_file, plot_attention, translate_file_lines

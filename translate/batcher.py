@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from translate.config import SearchOptions
 from translate.decoding import pad_batch, to_translations
+from translate.options import SearchOptions
 from translate.protect import Protector
 from translate.search import BeamSearch, Ensemble, max_output_lengths
 from translate.textio import Translation

@@ -303,8 +303,8 @@ def serve(
     protect: ProtectOpt = True,
 ) -> None:
     """HTTP JSON API: POST /translate {"text": ...} or {"texts": [...]}, GET /health (README, Deploying)."""
-    from translate.config import ServingLimits
     from translate.engine import EngineSpec
+    from translate.options import ServingLimits
     from translate.serve import serve as run_serve
 
     _keep_freed_memory()

@@ -1,12 +1,12 @@
-"""Lines of text -> batches by length -> search -> text, in input order.
+"""The engine's pipeline: lines of text -> batches by length -> search -> text, in input order.
 
 `translate_lines` streams: it reads its lines lazily in chunks (up to `chunk_lines`, or with
 `stream=True` whatever has already arrived, so a pipe or a terminal gets each translation at
 once), sorts each chunk by source length into token-budget batches, decodes them with
 search.py, restores the input order and yields one n-best list of (text, score) per input line.
 Blank lines give empty translations without running the model; a source longer than the model
-can hold is cut to its first `max_positions - 1` pieces. The trainer's validation and the
-`decode`/`evaluate` commands (translator.py) both decode through it.
+can hold is cut to its first `max_positions - 1` pieces. `engine.Engine.translate` runs it with
+the engine's settings; the trainer's validation still calls it directly, with the same results.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from typing import TypeVar
 
 import torch
 
-from translate.config import DecodeConfig, SearchOptions, at_least
+from translate.config import DecodeConfig
 from translate.errors import UserError
 from translate.hardware import is_out_of_memory
 from translate.model import Transformer
+from translate.options import SearchOptions, at_least
 from translate.protect import Protector
 from translate.search import Hypothesis, beam_search
 from translate.textio import Translation
@@ -64,7 +65,7 @@ def translate_lines(
     check_workers(workers)
     device = torch.device(device) if device is not None else next(models[0].parameters()).device
     workers = workers or decode_workers(device)
-    max_pieces = min(m.cfg.max_positions for m in models) - 1  # + EOS = the model's capacity
+    max_pieces = max_source_pieces(models)
     protector = Protector(protect, tokenizer)
     chunks = (arrived_chunks if stream else fixed_chunks)(protector.mask_lines(lines), chunk_lines)
     return protector.restore(
@@ -153,6 +154,11 @@ def _wait(q: queue.Queue) -> object:
             return q.get(timeout=0.2)
         except queue.Empty:
             continue
+
+
+def max_source_pieces(models: Sequence[Transformer]) -> int:
+    """The most pieces of a source the models hold (with its EOS): longer ones are cut to it."""
+    return min(m.cfg.max_positions for m in models) - 1
 
 
 def encode_sources(tokenizer: Tokenizer, lines: list[str], max_pieces: int) -> list[list[int] | None]:

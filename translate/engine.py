@@ -27,12 +27,13 @@ from typing import Protocol
 import torch
 
 from translate.batcher import Batcher
-from translate.config import CLI_NAMES, DecodeConfig, SearchOptions, ServingLimits, at_least
+from translate.config import DecodeConfig
 from translate.decoding import (
     Progress,
     check_workers,
     decode_workers,
     encode_sources,
+    max_source_pieces,
     pad_batch,
     share,
     translate_lines,
@@ -40,6 +41,7 @@ from translate.decoding import (
 from translate.hardware import resolve_device
 from translate.inference import load_models
 from translate.model import Transformer
+from translate.options import CLI_NAMES, SearchOptions, ServingLimits, at_least
 from translate.protect import Protector
 from translate.search import beam_search
 from translate.textio import Translation
@@ -128,7 +130,7 @@ class Engine:
         self.threads = threads or torch.get_num_threads()
         self.protect = tuple(protect)
         self.limits = limits
-        self.max_pieces = min(m.cfg.max_positions for m in self.models) - 1  # + EOS = the models' capacity
+        self.max_pieces = max_source_pieces(self.models)
         self._batcher: Batcher | None = None
 
     @classmethod

@@ -26,12 +26,12 @@ from concurrent.futures import Future
 import torch
 
 from translate.batcher import Batcher, QueueFull, check_room
-from translate.config import SearchOptions
 from translate.decoding import decode_workers, share
 from translate.engine import Engine, EngineSpec, TranslationEngine
 from translate.errors import UserError
 from translate.hardware import resolve_device
 from translate.inference import keep_freed_memory
+from translate.options import SearchOptions
 from translate.textio import Translation
 
 log = logging.getLogger("translate")

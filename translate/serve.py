@@ -26,10 +26,10 @@ import socket
 import time
 
 from translate.batcher import QueueFull
-from translate.config import SearchOptions, ServingLimits
 from translate.decoding import check_workers
-from translate.engine import EngineSpec, TranslationEngine
+from translate.engine import EngineSpec, TranslationEngine, first_best
 from translate.errors import UserError
+from translate.options import SearchOptions, ServingLimits
 from translate.pool import DecodingFailed, open_engine, resolve_spec
 
 log = logging.getLogger("translate")
@@ -119,7 +119,7 @@ def answer(translations: list, single: bool, with_nbest: bool) -> dict:
         out = [[text for text, _ in nbest] for nbest in translations]
         scores = [[round(score, 4) for _, score in nbest] for nbest in translations]
         return {"translation": out[0], "scores": scores[0]} if single else {"translations": out, "scores": scores}
-    out = [nbest[0][0] for nbest in translations]
+    out = first_best(translations)
     return {"translation": out[0]} if single else {"translations": out}
 
 
