@@ -21,6 +21,7 @@ except ImportError:
     from click import exceptions as click_errors
 
 from translate.errors import UserError, os_error_line
+from translate.options import ServingLimits
 
 app = typer.Typer(
     add_completion=False,
@@ -289,13 +290,19 @@ def serve(
     workers: ServeWorkersOpt = 0,
     batch_window_ms: Annotated[
         float, typer.Option("--batch-window-ms", help="How long a batch waits for more requests.")
-    ] = 5.0,
+    ] = ServingLimits.batch_window_ms,
     max_batch: Annotated[
         int, typer.Option("--max-batch", help="Most sentences a decoding worker searches at once.")
-    ] = 256,
-    max_queue: Annotated[int, typer.Option("--max-queue", help="Sentences waiting; past it: 503.")] = 1024,
-    max_texts: Annotated[int, typer.Option("--max-texts", help="Sentences in one request; past it: 413.")] = 256,
-    max_request_bytes: Annotated[int, typer.Option("--max-request-bytes", help="Body size; past it: 413.")] = 1 << 20,
+    ] = ServingLimits.max_batch,
+    max_queue: Annotated[
+        int, typer.Option("--max-queue", help="Sentences waiting; past it: 503.")
+    ] = ServingLimits.max_queue,
+    max_texts: Annotated[
+        int, typer.Option("--max-texts", help="Sentences in one request; past it: 413.")
+    ] = ServingLimits.max_texts,
+    max_request_bytes: Annotated[
+        int, typer.Option("--max-request-bytes", help="Body size; past it: 413.")
+    ] = ServingLimits.max_request_bytes,
     log_text: Annotated[bool, typer.Option("--log-text", help="Also log each request's sentences.")] = False,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
@@ -304,7 +311,6 @@ def serve(
 ) -> None:
     """HTTP JSON API: POST /translate {"text": ...} or {"texts": [...]}, GET /health (README, Deploying)."""
     from translate.engine import EngineSpec
-    from translate.options import ServingLimits
     from translate.serve import serve as run_serve
 
     _keep_freed_memory()
