@@ -1,8 +1,9 @@
 """The `translate` command line: thin commands that parse, call one library function, print.
 
 Its length (about 500 lines) is the option declarations and their help texts; each command's
-body is a few lines. It is also the one place that changes process-wide state, and only for the
-command being run: log handlers (removed after it), glibc's malloc settings for decoding.
+body is a few lines. It sets the process-wide state of the command being run: log handlers
+(removed after it), glibc's malloc settings for decoding, oneDNN's primitive cache for training.
+(The decoding processes of pool.py, processes of their own, set theirs themselves.)
 """
 
 from __future__ import annotations
@@ -140,8 +141,8 @@ def _close_log_files() -> None:
 
 def _keep_freed_memory() -> None:
     """The decoding commands' one process-wide setting: glibc keeps the memory decoding frees for
-    reuse (inference.keep_freed_memory: 1.06x greedy, 1.14x beam 5 on CPU, see README). The
-    library never does this by itself; a program that wants it calls keep_freed_memory."""
+    reuse (inference.keep_freed_memory: 1.06x greedy, 1.14x beam 5 on CPU, see docs/performance.md).
+    The library never does this by itself; a program that wants it calls keep_freed_memory."""
     from translate.inference import keep_freed_memory
 
     keep_freed_memory()

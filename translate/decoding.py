@@ -252,7 +252,7 @@ def to_translations(tokenizer: Tokenizer, hyps: list[list[Hypothesis]], nbest: i
 def decode_workers(device: torch.device) -> int:
     """How many batches decode at once by default: 2 on a CPU where torch has 2 threads or more
     (each then runs on half of them; small matrix products scale poorly across threads, so two
-    batches side by side are 1.1-1.3x faster on 2 cores, see README), else 1."""
+    batches side by side are 1.1-1.3x faster on 2 cores, see docs/performance.md), else 1."""
     return 2 if device.type == "cpu" and torch.get_num_threads() >= 2 else 1
 
 
