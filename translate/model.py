@@ -9,6 +9,9 @@ Two ways through the decoder:
 - `encode(src)` once, then `decode_step(tokens, state)` one token at a time with a cache of
   each layer's self-attention keys/values and the cross-attention keys/values of the
   source, computed once per sentence (search.py). `reorder_state` follows the beams.
+
+About 560 lines: the layers and the incremental-decoding state they carry between steps
+(LayerCache, Rows, DecoderState) read together, as the decoder's step is written against them.
 """
 
 from __future__ import annotations
