@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     if not Path(args.checkpoint).is_file():
         sys.exit(f"error: checkpoint not found: {args.checkpoint} (train one: make train)")
+    keep_freed_memory()  # as `translate decode` does, before it loads (the library itself never does)
     engine = Engine.load(
         EngineSpec.of(
             [args.checkpoint], device="cpu", dtype="fp32", quantize=args.quantize, protect=False,
@@ -281,7 +282,6 @@ def main(argv: list[str] | None = None) -> None:
     others = engine.workers if args.workers_all else 1  # HF's and CTranslate2's batches at once
     greedy, beam = (read_batches(args, engine, b) for b in (1, args.beam))
     n = sum(b.size(0) for b in beam)
-    keep_freed_memory()  # as `translate decode` does (the library itself never does)
     runs = [Run("greedy", ours(engine, 1), greedy), Run(f"beam {args.beam}", ours(engine, args.beam), beam)]
     if args.vs_nocache:
         runs += [Run("greedy no-cache", ours(engine, 1, False), greedy)]
