@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: checkpoint not found: {args.checkpoint} (train one: make train)")
     keep_freed_memory()  # as `translate decode` does, before it loads (the library itself never does)
     engine = Engine.load(
-        EngineSpec.of(
+        EngineSpec(
             [args.checkpoint], device="cpu", dtype="fp32", quantize=args.quantize, protect=False,
             batch_tokens=args.batch_tokens, workers=args.workers, length_penalty=args.length_penalty,
         )

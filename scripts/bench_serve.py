@@ -92,7 +92,7 @@ class Server:
 def decoding_processes(checkpoint: str, window_ms: float, workers: int = 0) -> ProcessEngine:
     """The decoding processes `translate serve CHECKPOINT --device cpu` starts, with its defaults, in this process."""
     limits = ServingLimits(batch_window_ms=window_ms, max_queue=1 << 20)
-    engine = ProcessEngine(resolve_spec(EngineSpec.of([checkpoint], device="cpu", workers=workers, limits=limits)))
+    engine = ProcessEngine(resolve_spec(EngineSpec([checkpoint], device="cpu", workers=workers, limits=limits)))
     engine.start()
     return engine
 
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     sentences = [line for line in src.read_text(encoding="utf-8").splitlines() if line.strip()][: args.sentences]
     size = clients[-1] * args.per_request  # the sentences in flight at the most clients
     keep_freed_memory()  # as `translate decode` and `translate serve` do
-    engine = Engine.load(EngineSpec.of([args.checkpoint], device="cpu"))  # what `translate decode` holds
+    engine = Engine.load(EngineSpec([args.checkpoint], device="cpu"))  # what `translate decode` holds
     print(describe_machine())
     print(
         f"{len(sentences)} sentences of {src}, {args.per_request} per request; beam {engine.defaults.beam_size}, "

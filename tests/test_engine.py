@@ -50,9 +50,9 @@ def test_best_tokens_are_the_first_translation(model, tokenizer):
 
 
 def test_load_takes_the_checkpoints_decode_section_and_the_options_given(tiny_checkpoint):
-    engine = Engine.load(EngineSpec.of([tiny_checkpoint], device="cpu"))
+    engine = Engine.load(EngineSpec([tiny_checkpoint], device="cpu"))
     assert (engine.defaults.beam_size, engine.defaults.max_len_b, engine.batch_tokens) == (2, 3, 200)
-    spec = EngineSpec.of([tiny_checkpoint, tiny_checkpoint], device="cpu", beam_size=3, nbest=2, batch_tokens=50)
+    spec = EngineSpec([tiny_checkpoint, tiny_checkpoint], device="cpu", beam_size=3, nbest=2, batch_tokens=50)
     ensemble = Engine.load(spec)
     assert len(ensemble.models) == 2 and ensemble.batch_tokens == 50
     assert (ensemble.defaults.beam_size, ensemble.defaults.nbest, ensemble.defaults.max_len_b) == (3, 2, 3)
@@ -70,4 +70,4 @@ def test_load_takes_the_checkpoints_decode_section_and_the_options_given(tiny_ch
 )
 def test_load_names_the_command_lines_options(tiny_checkpoint, options, message):
     with pytest.raises(UserError, match=message):
-        Engine.load(EngineSpec.of([tiny_checkpoint], device="cpu", **options))
+        Engine.load(EngineSpec([tiny_checkpoint], device="cpu", **options))

@@ -39,7 +39,7 @@ def test_ensemble_needs_one_vocabulary(tiny_checkpoint, tmp_path):
 
 
 def test_int8_quantized_model_decodes(tiny_checkpoint):
-    engine = Engine.load(EngineSpec.of([tiny_checkpoint], device="cpu", quantize="int8", nbest=2))
+    engine = Engine.load(EngineSpec([tiny_checkpoint], device="cpu", quantize="int8", nbest=2))
     (quantized,) = engine.models
     linear = quantized.decoder[0].self_attn.W_q
     assert not isinstance(linear, torch.nn.Linear) and "quantized" in type(linear).__module__

@@ -13,7 +13,7 @@ from translate.pool import ProcessEngine, open_engine, resolve_spec
 
 
 def test_processes_answer_as_the_engine_does(tiny_checkpoint):
-    spec = resolve_spec(EngineSpec.of([tiny_checkpoint], device="cpu", workers=2, limits=ServingLimits(max_queue=8)))
+    spec = resolve_spec(EngineSpec([tiny_checkpoint], device="cpu", workers=2, limits=ServingLimits(max_queue=8)))
     assert (spec.device, spec.workers) == ("cpu", 2) and spec.threads >= 1
     local = Engine.load(spec)
     pool = ProcessEngine(spec)
@@ -37,4 +37,4 @@ def test_a_checkpoint_that_cannot_be_loaded_is_one_user_error(tmp_path):
     broken = tmp_path / "broken.pt"
     broken.write_bytes(b"not a checkpoint")
     with pytest.raises(UserError, match="broken.pt"):
-        open_engine(EngineSpec.of([broken], device="cpu", workers=2))
+        open_engine(EngineSpec([broken], device="cpu", workers=2))

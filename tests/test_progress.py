@@ -26,7 +26,7 @@ def test_nothing_extra_in_a_pipe(trained_run, tmp_path):
 
 def test_a_bar_on_a_terminal(trained_run, tmp_path, monkeypatch):
     run, _ = trained_run
-    spec = EngineSpec.of([run / "checkpoints" / "best.pt"], device="cpu")
+    spec = EngineSpec([run / "checkpoints" / "best.pt"], device="cpu")
     for translate in (
         lambda: decode_file(spec, SRC, tmp_path / "out.fr"),
         lambda: translate_file_lines(spec, SRC.read_text(encoding="utf-8").splitlines()),

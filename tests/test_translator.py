@@ -15,7 +15,7 @@ def checkpoint(tiny_checkpoint):
 
 
 def spec(*checkpoints, **options) -> EngineSpec:
-    return EngineSpec.of(checkpoints, device="cpu", **options)
+    return EngineSpec(checkpoints, device="cpu", **options)
 
 
 def test_decode_file_nbest_tsv(checkpoint, tmp_path):

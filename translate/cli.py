@@ -229,7 +229,7 @@ def decode(
     from translate.translator import decode_file
 
     _keep_freed_memory()
-    spec = EngineSpec.of(
+    spec = EngineSpec(
         checkpoints, device=device, dtype=dtype, quantize=quantize, protect=protect, batch_tokens=batch_tokens,
         workers=workers, beam_size=beam, length_penalty=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest,
     )  # fmt: skip
@@ -270,7 +270,7 @@ def evaluate(
     from translate.translator import evaluate_files
 
     _keep_freed_memory()
-    spec = EngineSpec.of(
+    spec = EngineSpec(
         checkpoints or [], device=device, dtype=dtype, quantize=quantize, protect=protect, batch_tokens=batch_tokens,
         workers=workers, beam_size=beam, length_penalty=lenpen,
     )  # fmt: skip
@@ -316,7 +316,7 @@ def serve(
 
     _keep_freed_memory()
     limits = ServingLimits(batch_window_ms, max_batch, max_queue, max_texts, max_request_bytes)
-    spec = EngineSpec.of(
+    spec = EngineSpec(
         checkpoints, device=device, dtype=dtype, quantize=quantize, protect=protect, batch_tokens=batch_tokens,
         workers=workers, beam_size=beam, length_penalty=lenpen, limits=limits,
     )  # fmt: skip

@@ -5,7 +5,7 @@ search options, the protected span classes, the device and precision (set when l
 the work is shared between its workers (`workers` batches at once, each on an equal share of
 torch's threads and of `batch_tokens`). Every command that translates holds one:
 
-    engine = Engine.load(EngineSpec(("best.pt",), beam_size=5))
+    engine = Engine.load(EngineSpec(["best.pt"], beam_size=5))
     for nbest in engine.translate(lines):          # lazily, in input order
         ...
     future = engine.submit(["A sentence."])        # continuous batching (translate serve)
@@ -83,7 +83,7 @@ class EngineSpec:
     """What to load and how to decode, as the command line says it; None: the first checkpoint's
     decode section (search options, batch_tokens)."""
 
-    checkpoints: tuple[str, ...]
+    checkpoints: Sequence[str | Path]  # kept as a tuple of str
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # auto | fp32 | bf16 | fp16
     quantize: str | None = None  # int8 (CPU)
@@ -98,9 +98,8 @@ class EngineSpec:
     nbest: int = 1
     limits: ServingLimits = field(default_factory=ServingLimits)  # for submit
 
-    @classmethod
-    def of(cls, checkpoints: Sequence[str | Path], **options) -> EngineSpec:
-        return cls(tuple(str(c) for c in checkpoints), **options)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "checkpoints", tuple(str(c) for c in self.checkpoints))  # paths as given
 
 
 class Engine:
@@ -158,10 +157,10 @@ class Engine:
         check_workers(spec.workers)
         device = resolve_device(spec.device)
         models, tokenizer, cfg = load_models(spec.checkpoints, device, dtype=spec.dtype, quantize=spec.quantize)
-        given = dict(beam_size=spec.beam_size, length_penalty=spec.length_penalty)
         defaults = cfg.decode.search_options(
-            CLI_NAMES, spec.nbest, **given, max_len_a=spec.max_len_a, max_len_b=spec.max_len_b
-        )
+            CLI_NAMES, spec.nbest, beam_size=spec.beam_size, length_penalty=spec.length_penalty,
+            max_len_a=spec.max_len_a, max_len_b=spec.max_len_b,
+        )  # fmt: skip
         batch_tokens = cfg.decode.batch_tokens if spec.batch_tokens is None else spec.batch_tokens
         at_least(batch_tokens, 1, CLI_NAMES["batch_tokens"])
         return cls(

@@ -150,7 +150,7 @@ def plot_attention(
         raise UserError(f"--self must be 'encoder' or 'decoder', got {kind!r}")
     if all_heads and head is not None:
         raise UserError("give either --head H or --all-heads, not both")
-    engine = Engine.load(EngineSpec.of([checkpoint], protect=False, beam_size=beam))
+    engine = Engine.load(EngineSpec([checkpoint], protect=False, beam_size=beam))
     model = engine.models[0]
     stack = "encoder" if kind == "encoder" else "decoder"
     n_layers, n_heads = getattr(model.cfg, f"{stack}_layers"), model.cfg.n_heads
