@@ -49,7 +49,7 @@ format: install
 	$(BIN)/ruff format translate tests scripts
 	$(BIN)/ruff check --fix translate tests scripts
 
-bench: install  ## training and decoding benchmarks (see README, Performance)
+bench: install  ## training and decoding benchmarks (see docs/performance.md)
 	$(BIN)/python scripts/bench_train.py --vs-reference
 	$(BIN)/python scripts/bench_decode.py --vs-nocache
 

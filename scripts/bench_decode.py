@@ -50,7 +50,6 @@ Timing covers the search only (tokenization and detokenization are left out), in
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import statistics
 import sys
@@ -61,12 +60,14 @@ from pathlib import Path
 import torch
 
 from translate.checkpoint import load_model
-from translate.decoding import decode_batches, decode_workers, encode_sources, in_workers, pad_batch
+from translate.decoding import decode_batches, in_workers, pad_batch
+from translate.engine import Engine, EngineSpec
 from translate.errors import UserError
 from translate.export import ct2_spec, hf_marian
 from translate.hardware import describe_machine
-from translate.inference import for_inference, keep_freed_memory
+from translate.inference import keep_freed_memory
 from translate.model import Transformer
+from translate.options import SearchOptions
 from translate.search import beam_search, max_output_lengths
 from translate.tokenizer import BOS, EOS, PAD, UNK
 
@@ -95,20 +96,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def read_batches(args: argparse.Namespace, model: Transformer, tokenizer, cfg, beam: int) -> list[torch.Tensor]:
-    """The first --sentences non-blank source lines as padded id batches (B, S), longest first
-    (with --batch-sentences 0, batched for this beam size as `translate decode` would)."""
+def read_batches(args: argparse.Namespace, engine: Engine, beam: int) -> list[torch.Tensor]:
+    """The first --sentences non-blank source lines as padded id batches (B, S), longest first,
+    encoded by the engine (with --batch-sentences 0, batched for this beam size on one worker's
+    share of the batch tokens, as `translate decode` would)."""
     src = Path(args.src) if args.src else Path(args.checkpoint).resolve().parent.parent / "data" / "test.en"
     if not src.is_file():
         sys.exit(f"error: source file not found: {src} (give --src)")
     lines = [line for line in src.read_text(encoding="utf-8").splitlines() if line.strip()][: args.sentences]
-    sources: list[list[int]] = encode_sources(tokenizer, lines, model.cfg.max_positions - 1)  # type: ignore[assignment]
+    sources: list[list[int]] = engine.encode(lines)[1]  # type: ignore[assignment]
     if args.batch_sentences > 0:
         order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
         groups = [order[i : i + args.batch_sentences] for i in range(0, len(order), args.batch_sentences)]
     else:
-        budget = (args.batch_tokens or cfg.decode.batch_tokens) // args.workers
-        groups = decode_batches([len(s) for s in sources], budget, beam)
+        groups = decode_batches([len(s) for s in sources], engine.worker_tokens, beam)
     return [pad_batch([sources[i] for i in group], torch.device("cpu")) for group in groups]
 
 
@@ -167,14 +168,15 @@ def in_turn(decode_batch, workers: int = 1):
     return decode
 
 
-def ours(models: list[Transformer], beam: int, cfg, use_cache: bool = True, workers: int = 1):
-    search = cfg.decode.search_options(beam_size=beam)
+def ours(engine: Engine, beam: int, use_cache: bool = True):
+    """The engine's search (its models and options, beam `beam`) on its workers."""
+    search = engine.defaults.given(beam_size=beam)
 
     def decode(src: torch.Tensor) -> list[list[int]]:
-        hyps = beam_search(models, src, search, use_cache=use_cache)
+        hyps = beam_search(engine.models, src, search, use_cache=use_cache)
         return [h[0].tokens for h in hyps]
 
-    return in_turn(decode, workers)
+    return in_turn(decode, engine.workers)
 
 
 # ---------------------------------------------------------------------------- HF transformers
@@ -200,13 +202,13 @@ class MaxLengths:
         return scores
 
 
-def hf_generate(hf, beam: int, cfg, workers: int = 1):
+def hf_generate(hf, beam: int, o: SearchOptions, workers: int = 1):
     from transformers import LogitsProcessorList
 
-    search = {"length_penalty": cfg.decode.length_penalty, "early_stopping": "never"} if beam > 1 else {}
+    search = {"length_penalty": o.length_penalty, "early_stopping": "never"} if beam > 1 else {}
 
     def decode(src: torch.Tensor) -> list[list[int]]:
-        max_lens = max_output_lengths(src, cfg.decode.max_len_a, cfg.decode.max_len_b)
+        max_lens = max_output_lengths(src, o.max_len_a, o.max_len_b)
         with torch.inference_mode():
             gen = hf.generate(
                 input_ids=src, attention_mask=src != PAD, num_beams=beam, do_sample=False,
@@ -240,7 +242,7 @@ def ct2_translator(model: Transformer, threads: int, quantize: str | None, workd
     return translator, tokens
 
 
-def ct2_translate(translator, tokens: list[str], beam: int, cfg, workers: int = 1):
+def ct2_translate(translator, tokens: list[str], beam: int, o: SearchOptions, workers: int = 1):
     """CTranslate2's translate_batch on the same batches. Its maximum length is one per batch
     (the batch's longest a*src+b): a greedy output is cut to its sentence's own limit afterwards
     (the same pieces ours stops at; CT2 pays for the extra steps), a beam search is not
@@ -248,10 +250,10 @@ def ct2_translate(translator, tokens: list[str], beam: int, cfg, workers: int = 
     ids = {t: i for i, t in enumerate(tokens)}
 
     def decode(src: torch.Tensor) -> list[list[int]]:
-        max_lens = max_output_lengths(src, cfg.decode.max_len_a, cfg.decode.max_len_b)
+        max_lens = max_output_lengths(src, o.max_len_a, o.max_len_b)
         source = [[tokens[t] for t in row if t not in (PAD, EOS)] for row in src.tolist()]  # CT2 adds the EOS
         results = translator.translate_batch(
-            source, beam_size=beam, length_penalty=cfg.decode.length_penalty, max_decoding_length=int(max_lens.max()),
+            source, beam_size=beam, length_penalty=o.length_penalty, max_decoding_length=int(max_lens.max()),
             min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]], max_input_length=0,
         )  # fmt: skip
         limits = max_lens.tolist() if beam == 1 else [None] * len(results)
@@ -269,22 +271,22 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     if not Path(args.checkpoint).is_file():
         sys.exit(f"error: checkpoint not found: {args.checkpoint} (train one: make train)")
-    args.workers = args.workers or decode_workers(torch.device("cpu"))
-    others = args.workers if args.workers_all else 1  # HF's and CTranslate2's batches at once
-    model, tokenizer, cfg = load_model(args.checkpoint)
-    if args.length_penalty is not None:
-        cfg = dataclasses.replace(cfg, decode=dataclasses.replace(cfg.decode, length_penalty=args.length_penalty))
-    greedy, beam = (read_batches(args, model, tokenizer, cfg, b) for b in (1, args.beam))
+    keep_freed_memory()  # as `translate decode` does, before it loads (the library itself never does)
+    engine = Engine.load(
+        EngineSpec(
+            [args.checkpoint], device="cpu", dtype="fp32", quantize=args.quantize, protect=False,
+            batch_tokens=args.batch_tokens, workers=args.workers, length_penalty=args.length_penalty,
+        )
+    )  # fmt: skip
+    search = engine.defaults  # the checkpoint's, with --length-penalty: every system's
+    others = engine.workers if args.workers_all else 1  # HF's and CTranslate2's batches at once
+    greedy, beam = (read_batches(args, engine, b) for b in (1, args.beam))
     n = sum(b.size(0) for b in beam)
-    keep_freed_memory()  # as `translate decode` does (the library itself never does)
-    fast = for_inference(model, quantize=args.quantize)
-    runs = [
-        Run("greedy", ours([fast], 1, cfg, True, args.workers), greedy),
-        Run(f"beam {args.beam}", ours([fast], args.beam, cfg, True, args.workers), beam),
-    ]
+    runs = [Run("greedy", ours(engine, 1), greedy), Run(f"beam {args.beam}", ours(engine, args.beam), beam)]
     if args.vs_nocache:
-        runs += [Run("greedy no-cache", ours([fast], 1, cfg, False, args.workers), greedy)]
-        runs += [Run(f"beam {args.beam} no-cache", ours([fast], args.beam, cfg, False, args.workers), beam)]
+        runs += [Run("greedy no-cache", ours(engine, 1, False), greedy)]
+        runs += [Run(f"beam {args.beam} no-cache", ours(engine, args.beam, False), beam)]
+    model = load_model(args.checkpoint)[0] if args.vs_hf or args.vs_ct2 else None  # fp32 weights to export
     if args.vs_hf:
         try:
             hf = hf_marian(model)
@@ -293,8 +295,8 @@ def main(argv: list[str] | None = None) -> None:
         except UserError as e:
             sys.exit(f"error: --vs-hf: {e}")
         runs += [
-            Run("HF greedy", hf_generate(hf, 1, cfg, others), greedy),
-            Run(f"HF beam {args.beam}", hf_generate(hf, args.beam, cfg, others), beam),
+            Run("HF greedy", hf_generate(hf, 1, search, others), greedy),
+            Run(f"HF beam {args.beam}", hf_generate(hf, args.beam, search, others), beam),
         ]
     if args.vs_ct2:
         try:
@@ -306,13 +308,13 @@ def main(argv: list[str] | None = None) -> None:
             translator, tokens = ct2_translator(model, threads, args.quantize, workdir, others)
             torch.set_num_threads(threads)  # CTranslate2 sets this thread's OpenMP count to its own
         runs += [
-            Run("CT2 greedy", ct2_translate(translator, tokens, 1, cfg, others), greedy),
-            Run(f"CT2 beam {args.beam}", ct2_translate(translator, tokens, args.beam, cfg, others), beam),
+            Run("CT2 greedy", ct2_translate(translator, tokens, 1, search, others), greedy),
+            Run(f"CT2 beam {args.beam}", ct2_translate(translator, tokens, args.beam, search, others), beam),
         ]
     print(describe_machine())
     print(
         f"{args.checkpoint}: {n} sentences, {len(greedy)} greedy / {len(beam)} beam batches, "
-        f"{torch.get_num_threads()} threads, ours {args.workers} batch(es) at once, others {others}, "
+        f"{torch.get_num_threads()} threads, ours {engine.workers} batch(es) at once, others {others}, "
         f"torch {torch.__version__}, {'int8' if args.quantize else 'fp32'}, pid {os.getpid()}"
     )
     warm = [b[:4] for b in beam[-1:]]

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from translate.checkpoint import load_checkpoint, load_model
-from translate.decoding import translate_lines
+from translate.engine import Engine, first_best
 from translate.protect import CLASSES, Protector, find_spans
 
 
@@ -53,13 +53,13 @@ def main() -> None:
     model, tokenizer, cfg = load_model(args.checkpoint)
     classes = cfg.decode.protect or list(CLASSES)
     lines = [line.rstrip("\n") for line in args.input.read_text(encoding="utf-8").splitlines() if line.strip()]
-    search = cfg.decode.search_options(beam_size=args.beam)
-    plain = [n[0][0] for n in translate_lines(model, tokenizer, lines, search)]
+    engine = Engine.from_model(model, tokenizer, cfg.decode.search_options(beam_size=args.beam))  # no protection
+    plain = first_best(engine.translate(lines))
     protector = Protector(classes, tokenizer)
     if not protector.enabled:
         print("this checkpoint's vocabulary has no placeholder pieces: protection cannot be measured")
     masked = protector.mask_lines(lines)
-    protected = [n[0][0] for n in protector.restore(translate_lines(model, tokenizer, masked, search))]
+    protected = first_best(protector.restore(engine.translate(masked)))  # here, to count its repairs
     with_p = [r for line, out in zip(lines, protected) for r in kept_spans(line, out, classes)]
     without = [r for line, out in zip(lines, plain) for r in kept_spans(line, out, classes)]
     step = load_checkpoint(args.checkpoint)["step"]

@@ -9,8 +9,8 @@ its own keep-alive connection, each sending the next sentence not yet sent as so
 request is answered, so that all of them stay busy until the last sentences are in flight
 (`--per-request N`: N consecutive sentences a request, as `{"texts": [...]}`).
 It prints sentences/s (sentences / wall time) and the median and 99th percentile of the
-request latencies. The baseline is the search `translate decode` runs, `translate_lines` with
-the checkpoint's options, over the same sentences in this process (the model loaded first, as
+request latencies. The baseline is what `translate decode` runs, an Engine with the checkpoint's
+options, over the same sentences in this process (the model loaded first, as
 the server's is), with the server idle. Every server answer is checked against it. A second
 baseline runs the same search over the sentences in consecutive rounds of C (the most clients)
 in input order: what a server whose C clients each have one sentence in flight could feed it at
@@ -18,7 +18,7 @@ best, with no HTTP, no waiting and no overlap of rounds. A third feeds it rounds
 that end at about the same step (grouped by the length of their translation): about the best a
 batch of C sentences refilled as they finish (the server's continuous batching) can do. The last line is the server's
 sentences/s at the most clients as a share of both. With --without-http the server's decoding processes are also
-started in this process and called by the same client threads without HTTP (`ProcessBatcher.submit`), at the most
+started in this process and called by the same client threads without HTTP (`ProcessEngine.submit`), at the most
 clients: what the search and its batching reach with no HTTP, JSON or event loop. On a machine
 busy with other work the figures are noisy: run with --repeats 3 (medians are printed).
 """
@@ -40,14 +40,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import torch
-
-from translate.config import SearchOptions
-from translate.decoding import decode_workers, translate_lines
-from translate.hardware import describe_machine, resolve_device
-from translate.inference import keep_freed_memory, load_models
-from translate.serve import ProcessBatcher, decoding_load
-from translate.translator import decode_options
+from translate.engine import Engine, EngineSpec, first_best
+from translate.hardware import describe_machine
+from translate.inference import keep_freed_memory
+from translate.options import SearchOptions, ServingLimits
+from translate.pool import ProcessEngine, resolve_spec
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -92,15 +89,12 @@ class Server:
         self.proc.wait(timeout=120)
 
 
-def decoding_processes(checkpoint: str, window_ms: float, workers: int = 0) -> ProcessBatcher:
+def decoding_processes(checkpoint: str, window_ms: float, workers: int = 0) -> ProcessEngine:
     """The decoding processes `translate serve CHECKPOINT --device cpu` starts, with its defaults, in this process."""
-    workers = workers or decode_workers(torch.device("cpu"))
-    load = decoding_load([checkpoint], device="cpu", workers=workers, window_ms=window_ms)
-    batcher = ProcessBatcher(
-        load, workers=workers, threads=max(1, torch.get_num_threads() // workers), max_queue=1 << 20
-    )
-    batcher.start()
-    return batcher
+    limits = ServingLimits(batch_window_ms=window_ms, max_queue=1 << 20)
+    engine = ProcessEngine(resolve_spec(EngineSpec([checkpoint], device="cpu", workers=workers, limits=limits)))
+    engine.start()
+    return engine
 
 
 class HttpClient:
@@ -126,11 +120,11 @@ class HttpClient:
 class DirectClient:
     """One client of the server's decoding processes called in this process, without HTTP."""
 
-    def __init__(self, batcher: ProcessBatcher, search: SearchOptions) -> None:
-        self.batcher, self.search = batcher, search
+    def __init__(self, engine: ProcessEngine, search: SearchOptions) -> None:
+        self.engine, self.search = engine, search
 
     def translate(self, texts: list[str]) -> list[str]:
-        return [nbest[0][0] for nbest in self.batcher.submit(texts, self.search).result()]
+        return first_best(self.engine.submit(texts, self.search).result())
 
     def close(self) -> None:
         pass
@@ -172,98 +166,90 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
+def time_baselines(engine: Engine, sentences: list[str], size: int) -> tuple[list[str], list[float]]:
+    """The engine's translations of the sentences and the seconds of its three baselines: all at
+    once (`translate decode`), in input-order rounds of `size`, and in rounds of `size` whose
+    sentences end together (grouped by the length of their translation: about what a continuously
+    refilled batch of that many sentences can reach at best)."""
+    start = time.perf_counter()
+    expected = first_best(engine.translate(sentences))
+    seconds = [time.perf_counter() - start]
+    out_lens = [len(ids) for ids in engine.tokenizer.encode(expected)]
+    ending = sorted(range(len(sentences)), key=lambda i: out_lens[i])
+    for order in (range(len(sentences)), ending):
+        start = time.perf_counter()
+        for i in range(0, len(sentences), size):
+            list(engine.translate([sentences[j] for j in order[i : i + size]]))
+        seconds.append(time.perf_counter() - start)
+    return expected, seconds
+
+
+def row(name: str, n: int, runs: list[tuple[float, list[float]]]) -> tuple[str, float]:
+    """A table row (sentences/s, median p50 and p99 latencies) of `runs` (seconds, latencies), and the rate."""
+    rate = n / statistics.median(s for s, _ in runs)
+    p50 = statistics.median(percentile(lat, 0.5) for _, lat in runs) * 1000
+    p99 = statistics.median(percentile(lat, 0.99) for _, lat in runs) * 1000
+    return f"{name:<22} {rate:>9.1f} {p50:>9.1f} {p99:>9.1f}", rate
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     clients = [int(c) for c in args.clients.split(",")]
     src = Path(args.src) if args.src else Path(args.checkpoint).parent.parent / "data" / "test.en"
     sentences = [line for line in src.read_text(encoding="utf-8").splitlines() if line.strip()][: args.sentences]
+    size = clients[-1] * args.per_request  # the sentences in flight at the most clients
     keep_freed_memory()  # as `translate decode` and `translate serve` do
-    models, tokenizer, cfg = load_models([args.checkpoint], resolve_device("cpu"))
-    search, batch_tokens = decode_options(cfg)
+    engine = Engine.load(EngineSpec([args.checkpoint], device="cpu"))  # what `translate decode` holds
     print(describe_machine())
     print(
-        f"{len(sentences)} sentences of {src}, {args.per_request} per request; beam {search.beam_size}, "
+        f"{len(sentences)} sentences of {src}, {args.per_request} per request; beam {engine.defaults.beam_size}, "
         f"batch window {args.batch_window_ms:g} ms, server workers {args.workers or 'default'}; "
         f"medians of {args.repeats} repeat(s)"
     )
     server = Server(args.checkpoint, args.batch_window_ms, args.workers)
-    direct, direct_runs = None, []
+    direct = None
+    baselines: list[list[float]] = []
+    runs: dict[str, list[tuple[float, list[float]]]] = {}  # row name -> (seconds, latencies) of each repeat
+    same = []
     try:
         if args.without_http:
             direct = decoding_processes(args.checkpoint, args.batch_window_ms, args.workers)
         run_clients(lambda: HttpClient(server.port), sentences[:4], 1)  # warm up
-        decode_s: list[float] = []
-        rounds_s: list[float] = []
-        ending_s: list[float] = []
-        runs: dict[int, list[tuple[float, list[float]]]] = {c: [] for c in clients}
-        same = []
         for _ in range(args.repeats):
-            start = time.perf_counter()
-            expected = [
-                n[0][0] for n in translate_lines(models, tokenizer, sentences, search, batch_tokens=batch_tokens)
-            ]
-            decode_s.append(time.perf_counter() - start)
-            start = time.perf_counter()  # the same search, fed as C clients with one sentence each can feed it
-            for i in range(0, len(sentences), clients[-1] * args.per_request):
-                list(
-                    translate_lines(
-                        models,
-                        tokenizer,
-                        sentences[i : i + clients[-1] * args.per_request],
-                        search,
-                        batch_tokens=batch_tokens,
-                    )
-                )
-            rounds_s.append(time.perf_counter() - start)
-            # rounds whose sentences end together (grouped by the length of their translation):
-            # about what a continuously refilled batch of that many sentences can reach at best
-            out_lens = [len(ids) for ids in tokenizer.encode(expected)]
-            order = sorted(range(len(sentences)), key=lambda i: out_lens[i])
-            size = clients[-1] * args.per_request
-            start = time.perf_counter()
-            for i in range(0, len(sentences), size):
-                group = [sentences[j] for j in order[i : i + size]]
-                list(translate_lines(models, tokenizer, group, search, batch_tokens=batch_tokens))
-            ending_s.append(time.perf_counter() - start)
-            for c in clients:
-                seconds, latencies, got = run_clients(lambda: HttpClient(server.port), sentences, c, args.per_request)
-                runs[c].append((seconds, latencies))
-                same.append(sum(a == b for a, b in zip(got, expected)) / len(sentences))
+            expected, seconds = time_baselines(engine, sentences, size)
+            baselines.append(seconds)
+            systems = [(f"serve, {c} client" + "s" * (c > 1), lambda: HttpClient(server.port), c) for c in clients]
             if direct is not None:
-                seconds, latencies, got = run_clients(
-                    lambda: DirectClient(direct, search), sentences, clients[-1], args.per_request
-                )
-                direct_runs.append((seconds, latencies))
+                systems.append(("  ... without HTTP", lambda: DirectClient(direct, engine.defaults), clients[-1]))
+            for name, connect, c in systems:
+                seconds, latencies, got = run_clients(connect, sentences, c, args.per_request)
+                runs.setdefault(name, []).append((seconds, latencies))
                 same.append(sum(a == b for a, b in zip(got, expected)) / len(sentences))
     finally:
         server.stop()
         if direct is not None:
             direct.stop()
-    decode_rate = len(sentences) / statistics.median(decode_s)
+    report(len(sentences), clients, size, baselines, runs, same)
+
+
+def report(n: int, clients: list[int], size: int, baselines, runs, same: list[float]) -> None:
+    decode_rate, rounds_rate, ending_rate = (n / statistics.median(b[i] for b in baselines) for i in range(3))
     print(f"{'':<22} {'sent/s':>9} {'p50 ms':>9} {'p99 ms':>9}")
     print(f"{'translate decode':<22} {decode_rate:>9.1f} {'':>9} {'':>9}")
-    rounds_rate = len(sentences) / statistics.median(rounds_s)
-    print(f"{f'decode, rounds of {clients[-1] * args.per_request}':<22} {rounds_rate:>9.1f} {'':>9} {'':>9}")
-    ending_rate = len(sentences) / statistics.median(ending_s)
+    print(f"{f'decode, rounds of {size}':<22} {rounds_rate:>9.1f} {'':>9} {'':>9}")
     print(f"{'  ... ending together':<22} {ending_rate:>9.1f} {'':>9} {'':>9}")
-    rate = 0.0
-    for c in clients:
-        rate = len(sentences) / statistics.median(s for s, _ in runs[c])
-        p50 = statistics.median(percentile(lat, 0.5) for _, lat in runs[c]) * 1000
-        p99 = statistics.median(percentile(lat, 0.99) for _, lat in runs[c]) * 1000
-        print(f"{f'serve, {c} client' + 's' * (c > 1):<22} {rate:>9.1f} {p50:>9.1f} {p99:>9.1f}")
-    if direct_runs:
-        direct_rate = len(sentences) / statistics.median(s for s, _ in direct_runs)
-        p50 = statistics.median(percentile(lat, 0.5) for _, lat in direct_runs) * 1000
-        p99 = statistics.median(percentile(lat, 0.99) for _, lat in direct_runs) * 1000
-        print(f"{'  ... without HTTP':<22} {direct_rate:>9.1f} {p50:>9.1f} {p99:>9.1f}")
+    rates = {}
+    for name, measured in runs.items():
+        line, rates[name] = row(name, n, measured)
+        print(line)
+    rate = rates[f"serve, {clients[-1]} client" + "s" * (clients[-1] > 1)]
     print(f"outputs equal to decode's: {100 * min(same):.1f}%")
     print(
         f"serve at {clients[-1]} clients / decode: {100 * rate / decode_rate:.0f}% of decode's sentences/s, "
-        f"{100 * rate / rounds_rate:.0f}% of decode's in rounds of {clients[-1] * args.per_request} sentences, "
+        f"{100 * rate / rounds_rate:.0f}% of decode's in rounds of {size} sentences, "
         f"{100 * rate / ending_rate:.0f}% of its rounds of sentences that end together"
     )
-    if direct_runs:
+    if direct_rate := rates.get("  ... without HTTP"):
         print(
             f"the decoding processes without HTTP at {clients[-1]} clients: {100 * direct_rate / decode_rate:.0f}% of "
             f"decode's sentences/s (the server with HTTP: {100 * rate / direct_rate:.0f}% of that)"

@@ -1,6 +1,6 @@
 """Write verse pairs of the offline Bible corpus as line-aligned files, PREFIX.en and PREFIX.fr:
 any English and French translation of the db, any books, cleaned as `data.source: bible` cleans
-them. Used to make the adaptation example's "corpus of your own" (README, Adapting):
+them. Used to make the adaptation example's "corpus of your own" (docs/training.md, Adapting):
 
     python scripts/bible_corpus.py my/corpus --en 3 --fr 5 --books 45-49,51-58,60-65
 

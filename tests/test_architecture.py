@@ -7,7 +7,7 @@ import translate
 
 ORDER = [
     # foundations
-    "errors", "textio", "hardware", "tokenizer", "batching", "loss", "protect", "distributed", "syncs",
+    "errors", "options", "textio", "hardware", "tokenizer", "batching", "loss", "protect", "distributed", "syncs",
     # config and data
     "config", "sources", "data", "evaluate",
     # paragraphs, glossaries, documents
@@ -15,7 +15,7 @@ ORDER = [
     # model
     "model", "search", "checkpoint", "adapt",
     # using a model
-    "prepare", "inference", "decoding", "plot", "report", "export", "translator",
+    "prepare", "inference", "decoding", "batcher", "engine", "pool", "plot", "report", "export", "translator",
     # training
     "rundir", "optim", "trainstate", "trainlog", "validation", "train",
     # front ends
@@ -24,8 +24,13 @@ ORDER = [
 
 
 def imports(path: Path) -> set[str]:
+    """The package's modules that `path` imports, except under `if TYPE_CHECKING:` (annotations only)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            node.body = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("translate."):
             found.add(node.module.split(".")[1])
         elif isinstance(node, ast.ImportFrom) and node.module == "translate":

@@ -12,10 +12,11 @@ import torch
 from conftest import FIXTURES, run_cli, tiny_config
 
 from translate.checkpoint import load_checkpoint, rng_state, set_rng_state
-from translate.config import ModelConfig, SearchOptions, load_config
+from translate.config import ModelConfig, load_config
 from translate.decoding import translate_lines
 from translate.inference import load_models
 from translate.model import Transformer
+from translate.options import SearchOptions
 from translate.tokenizer import PAD
 from translate.train import Trainer
 

@@ -1,24 +1,14 @@
 import pytest
 import torch
 
+from tests.conftest import tiny_model
 from translate.config import ModelConfig
 from translate.model import MultiHeadAttention, Transformer, sinusoidal_positions
 from translate.tokenizer import BOS, PAD
 
 
 def tiny(norm="post", tie=True, dropout=0.0):
-    torch.manual_seed(0)
-    cfg = ModelConfig(
-        d_model=32,
-        n_heads=4,
-        d_ff=64,
-        encoder_layers=2,
-        decoder_layers=2,
-        dropout=dropout,
-        norm=norm,
-        tie_embeddings=tie,
-    )
-    return Transformer(cfg, vocab_size=40).eval()
+    return tiny_model(40, n_heads=4, init="normal", norm=norm, tie_embeddings=tie, dropout=dropout)
 
 
 def test_sinusoidal_formula():

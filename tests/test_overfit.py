@@ -4,8 +4,9 @@ import pytest
 from conftest import FIXTURES
 
 from translate.checkpoint import load_model
-from translate.config import SearchOptions, config_from_dict
+from translate.config import config_from_dict
 from translate.decoding import translate_lines
+from translate.options import SearchOptions
 from translate.train import train
 
 

@@ -4,6 +4,7 @@ import io
 import sys
 
 from tests.conftest import FIXTURES, run_cli
+from translate.engine import EngineSpec
 from translate.translator import decode_file, translate_file_lines
 
 SRC, REF = FIXTURES / "bible.test.en", FIXTURES / "bible.test.fr"
@@ -25,10 +26,10 @@ def test_nothing_extra_in_a_pipe(trained_run, tmp_path):
 
 def test_a_bar_on_a_terminal(trained_run, tmp_path, monkeypatch):
     run, _ = trained_run
-    checkpoint = run / "checkpoints" / "best.pt"
+    spec = EngineSpec([run / "checkpoints" / "best.pt"], device="cpu")
     for translate in (
-        lambda: decode_file([checkpoint], SRC, tmp_path / "out.fr", device="cpu"),
-        lambda: translate_file_lines([checkpoint], SRC.read_text(encoding="utf-8").splitlines(), device="cpu"),
+        lambda: decode_file(spec, SRC, tmp_path / "out.fr"),
+        lambda: translate_file_lines(spec, SRC.read_text(encoding="utf-8").splitlines()),
     ):
         monkeypatch.setattr(sys, "stderr", Terminal())
         translate()

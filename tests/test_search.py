@@ -7,11 +7,13 @@ import math
 import pytest
 import torch
 
+from tests.conftest import tiny_model
 from translate import model as model_module
 from translate import search
-from translate.config import ModelConfig, SearchOptions
+from translate.config import ModelConfig
 from translate.errors import UserError
 from translate.model import Transformer
+from translate.options import SearchOptions
 from translate.search import (
     BeamSearch,
     Ensemble,
@@ -32,21 +34,10 @@ VOCAB = 50
 INF = float("-inf")
 
 
-def tiny_model(seed: int = 0, eos_bias: float = 1.0) -> Transformer:
-    """A random model whose outputs mix EOS-ended and max-length hypotheses (EOS bias on the output).
-    xavier: its larger random weights give peaked, varied distributions (N(0, 0.02) gives nearly flat ones)."""
-    torch.manual_seed(seed)
-    cfg = ModelConfig(
-        d_model=32,
-        n_heads=2,
-        d_ff=64,
-        encoder_layers=2,
-        decoder_layers=2,
-        dropout=0.0,
-        tie_embeddings=False,
-        init="xavier",
-    )
-    model = Transformer(cfg, VOCAB).eval()
+def biased_model(seed: int = 0, eos_bias: float = 1.0) -> Transformer:
+    """conftest's tiny model with an EOS bias on the output: its outputs mix EOS-ended and
+    max-length hypotheses."""
+    model = tiny_model(VOCAB, seed)
     bias = torch.zeros(VOCAB)
     bias[EOS] = eos_bias
     model.output.bias = torch.nn.Parameter(bias)
@@ -65,7 +56,7 @@ def make_src(lengths: list[int], seed: int = 1) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def model() -> Transformer:
-    return tiny_model()
+    return biased_model()
 
 
 @pytest.fixture(scope="module")
@@ -381,7 +372,7 @@ def test_sentences_joining_a_running_search_get_what_they_get_alone(
     the sentences that join go to the youngest group of rows, each to its own, or groups merge."""
     monkeypatch.setattr(model_module, "GROUP_MERGE_WASTE", merge_waste)
     monkeypatch.setattr(model_module, "MAX_GROUPS", max_groups)
-    models = [model, tiny_model(seed=3)][:ensemble]
+    models = [model, biased_model(seed=3)][:ensemble]
     src = make_src([3, 8, 5, 1, 7, 4, 9, 2, 6, 3], seed=2)
     max_lens = max_output_lengths(src, 1.0, 4)
     alone = [
@@ -429,7 +420,7 @@ def test_search_same_when_encoded_by_length_groups(model, src, monkeypatch, beam
 
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_max_length_respected(src, beam_size):
-    never_ends = tiny_model(eos_bias=-1e4)
+    never_ends = biased_model(eos_bias=-1e4)
     max_lens = max_output_lengths(src, 0.5, 2).tolist()
     hyps = beam_search([never_ends], src, SearchOptions(beam_size, 0.6, 0.5, 2, nbest=beam_size))
     for hs, max_len in zip(hyps, max_lens, strict=True):
@@ -437,7 +428,7 @@ def test_max_length_respected(src, beam_size):
 
 
 def test_never_pad_or_bos_but_unk_allowed(src):
-    model = tiny_model()
+    model = biased_model()
     with torch.no_grad():
         model.output.bias[[PAD, BOS, UNK]] = 50.0  # the model wants PAD, BOS and UNK above all
     for hs in beam_search([model], src, SearchOptions(3, 0.6, 1.0, 5, nbest=3)) + [
@@ -457,7 +448,7 @@ def test_ensemble_of_two_identical_models_equals_one(model, src):
 
 
 def test_ensemble_of_different_models_runs(model, src):
-    other = tiny_model(seed=3)
+    other = biased_model(seed=3)
     hyps = beam_search([model, other], src, SearchOptions(3, 0.6, 1.0, 5, nbest=2))
     assert len(hyps) == src.size(0) and all(len(hs) == 2 for hs in hyps)
     assert_same(

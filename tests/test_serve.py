@@ -1,4 +1,5 @@
-"""`translate serve` through a real HTTP client against a real listening socket on 127.0.0.1."""
+"""`translate serve`: through a real HTTP client against a real listening socket, and in process
+(create_app over an engine, or over a stub of one, through Starlette's TestClient)."""
 
 import http.client
 import json
@@ -11,14 +12,22 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
 from tests.conftest import FIXTURES, run_cli
+from translate.batcher import QueueFull
+from translate.engine import Engine
+from translate.options import SearchOptions, ServingLimits
 
 pytest.importorskip("starlette", reason="translate serve needs the [serve] extra (starlette, uvicorn)")
 pytest.importorskip("uvicorn", reason="translate serve needs the [serve] extra (starlette, uvicorn)")
+pytest.importorskip("httpx", reason="Starlette's TestClient needs httpx (the [dev] extra)")
+from starlette.testclient import TestClient  # noqa: E402
+
+from translate.pool import DecodingFailed  # noqa: E402
+from translate.serve import create_app  # noqa: E402
 
 SENTENCES = (FIXTURES / "bible.test.en").read_text(encoding="utf-8").splitlines()
 
@@ -301,3 +310,90 @@ def test_a_decoding_process_that_ends_spares_the_server(checkpoint, decoded):
             assert status == 200 and json.loads(text) == {"translation": decoded[sentence]}
     finally:
         assert server.stop() == 0
+
+
+# ---------------------------------------------------------------------------- in process: Starlette's TestClient
+
+
+class StubEngine:
+    """A TranslationEngine whose submit does what it is told: the HTTP layer's view of an engine."""
+
+    def __init__(self, outcome: Exception | None = None) -> None:
+        self.defaults, self.queued, self.outcome = SearchOptions(beam_size=2), 0, outcome
+
+    def submit(self, texts: list[str], options: SearchOptions | None = None) -> Future:
+        if isinstance(self.outcome, QueueFull):
+            raise self.outcome
+        future: Future = Future()
+        if self.outcome is not None:
+            future.set_exception(self.outcome)
+        else:
+            future.set_result([[(f"{t} ({(options or self.defaults).beam_size})", -1.0)] for t in texts])
+        return future
+
+
+def client_of(engine, **limits) -> TestClient:
+    return TestClient(create_app(engine, ServingLimits(**limits), info={"device": "test"}))
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(model, tokenizer):
+    engine = Engine.from_model(model, tokenizer, SearchOptions(beam_size=3, max_len_a=1.0, max_len_b=3))
+    yield engine
+    engine.stop()
+
+
+def test_in_process_answers_are_the_engines_translations(tiny_engine):
+    client = client_of(tiny_engine, max_texts=4)
+    texts = ["the cat sees a bird", "", "dog"]
+    expected = list(tiny_engine.translate(texts))
+    response = client.post("/translate", json={"texts": texts})
+    assert response.status_code == 200 and response.json() == {"translations": [n[0][0] for n in expected]}
+    response = client.post("/translate", json={"text": texts[0], "nbest": 2, "beam_size": 3})
+    nbest = list(tiny_engine.translate(texts[:1], tiny_engine.defaults.given(nbest=2)))[0]
+    assert response.json()["translation"] == [text for text, _ in nbest]
+    assert response.json()["scores"] == pytest.approx([round(s, 4) for _, s in nbest], abs=1e-3)
+    health = client.get("/health").json()
+    assert health == {"status": "ok", "queued": 0, "answered": 2, "device": "test"}
+
+
+@pytest.mark.parametrize(
+    "body, status, message",
+    [
+        ({"text": "a", "beam_size": 9}, 400, "from 1 to 8"),
+        ({"text": "a", "beam_size": 2, "nbest": 3}, 400, "nbest"),
+        ({"text": "a", "length_penalty": -1}, 400, "length_penalty"),
+        ({"text": "a", "length_penalty": True}, 400, "length_penalty"),
+        ({"texts": ["a", "b", "c"]}, 413, "at most 2 (--max-texts)"),
+        ({"text": "a" * 300}, 413, "--max-request-bytes"),
+        ({"sentence": "a"}, 400, "unknown field 'sentence'"),
+    ],
+)
+def test_in_process_limits_and_checks(body, status, message):
+    engine = StubEngine()
+    response = client_of(engine, max_texts=2, max_request_bytes=200, max_beam=8).post("/translate", json=body)
+    assert response.status_code == status and message in response.json()["error"]
+
+
+def test_in_process_request_options_reach_the_engine():
+    client = client_of(StubEngine())
+    assert client.post("/translate", json={"text": "a"}).json() == {"translation": "a (2)"}
+    assert client.post("/translate", json={"texts": ["a", "b"], "beam_size": 5}).json() == {
+        "translations": ["a (5)", "b (5)"]
+    }
+
+
+def test_in_process_a_full_queue_is_503_and_a_failed_search_500():
+    busy = client_of(StubEngine(QueueFull("server busy: 9 sentences queued")))
+    response = busy.post("/translate", json={"text": "a"})
+    assert response.status_code == 503 and response.json() == {"error": "server busy: 9 sentences queued"}
+    failed = client_of(StubEngine(DecodingFailed("the decoding process ended"))).post("/translate", json={"text": "a"})
+    assert failed.status_code == 500 and failed.json() == {"error": "the decoding process ended"}
+    broken = client_of(StubEngine(RuntimeError("boom"))).post("/translate", json={"text": "a"})
+    assert broken.status_code == 500 and broken.json() == {"error": "RuntimeError: boom"}
+
+
+def test_in_process_unknown_paths_and_methods_are_json():
+    client = client_of(StubEngine())
+    assert client.get("/nope").status_code == 404 and "error" in client.get("/nope").json()
+    assert client.get("/translate").status_code == 405 and "error" in client.get("/translate").json()

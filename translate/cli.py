@@ -1,8 +1,9 @@
 """The `translate` command line: thin commands that parse, call one library function, print.
 
 Its length (about 500 lines) is the option declarations and their help texts; each command's
-body is a few lines. It is also the one place that changes process-wide state, and only for the
-command being run: log handlers (removed after it), glibc's malloc settings for decoding.
+body is a few lines. It sets the process-wide state of the command being run: log handlers
+(removed after it), glibc's malloc settings for decoding, oneDNN's primitive cache for training.
+(The decoding processes of pool.py, processes of their own, set theirs themselves.)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ except ImportError:
     from click import exceptions as click_errors
 
 from translate.errors import UserError, os_error_line
+from translate.options import ServingLimits
 
 app = typer.Typer(
     add_completion=False,
@@ -139,8 +141,8 @@ def _close_log_files() -> None:
 
 def _keep_freed_memory() -> None:
     """The decoding commands' one process-wide setting: glibc keeps the memory decoding frees for
-    reuse (inference.keep_freed_memory: 1.06x greedy, 1.14x beam 5 on CPU, see README). The
-    library never does this by itself; a program that wants it calls keep_freed_memory."""
+    reuse (inference.keep_freed_memory: 1.06x greedy, 1.14x beam 5 on CPU, see docs/performance.md).
+    The library never does this by itself; a program that wants it calls keep_freed_memory."""
     from translate.inference import keep_freed_memory
 
     keep_freed_memory()
@@ -186,16 +188,22 @@ def train(
     # default run's memory over 1,000 updates at the same speed (docs/experiments.md, "Host memory").
     # A value the user set is kept.
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
+    import torch
+
+    from translate.distributed import World
     from translate.hardware import choose_amp, resolve_device
     from translate.train import train as run_train
 
     cfg = _load_cfg(config, [*(set_ or []), *([f"train.init_from={init_from}"] if init_from else [])])
-    device = resolve_device(cfg.train.device, "train.device", int(os.environ.get("LOCAL_RANK", "0")))
+    world = World.from_env()
+    device = resolve_device(cfg.train.device, "train.device", world.local_rank)
     choose_amp(cfg.train.amp, device)  # a precision the machine cannot run is refused before anything is written
-    if os.environ.get("RANK", "0") == "0":
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    if world.main:
         _log_to_file(cfg.run_path / "train.log")
     metrics = run_train(cfg, resume=resume)
-    if metrics and os.environ.get("RANK", "0") == "0":
+    if metrics and world.main:
         typer.echo(f"last validation: {json.dumps({k: round(v, 3) for k, v in metrics.items()})}")
         typer.echo(f"checkpoints in {cfg.run_path / 'checkpoints'}")
 
@@ -221,14 +229,15 @@ def decode(
     protect: ProtectOpt = True,
 ) -> None:
     """Translate a text file (or stdin) with greedy (--beam 1) or beam search."""
+    from translate.engine import EngineSpec
     from translate.translator import decode_file
 
     _keep_freed_memory()
-    decode_file(
-        checkpoints, input, output, beam=beam, length_penalty=lenpen, nbest=nbest, with_scores=scores,
-        batch_tokens=batch_tokens, workers=workers, max_len_a=max_len_a, max_len_b=max_len_b, device=device,
-        dtype=dtype, quantize=quantize, protect=protect,
+    spec = EngineSpec(
+        checkpoints, device=device, dtype=dtype, quantize=quantize, protect=protect, batch_tokens=batch_tokens,
+        workers=workers, beam_size=beam, length_penalty=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest,
     )  # fmt: skip
+    decode_file(spec, input, output, with_scores=scores)
 
 
 @app.command()
@@ -261,14 +270,17 @@ def evaluate(
     protect: ProtectOpt = True,
 ) -> None:
     """sacreBLEU BLEU and chrF (with signatures) of a checkpoint on --src/--ref, or of --hyp against --ref."""
+    from translate.engine import EngineSpec
     from translate.translator import evaluate_files
 
     _keep_freed_memory()
+    spec = EngineSpec(
+        checkpoints or [], device=device, dtype=dtype, quantize=quantize, protect=protect, batch_tokens=batch_tokens,
+        workers=workers, beam_size=beam, length_penalty=lenpen,
+    )  # fmt: skip
     for line in evaluate_files(
-        ref, checkpoints=checkpoints or [], src=src, hyp=hyp, hyp_b=hyp_b, output=output, json_out=json_out,
-        report=report, beam=beam, length_penalty=lenpen, batch_tokens=batch_tokens, workers=workers, device=device,
-        dtype=dtype, quantize=quantize, protect=protect,
-    ):  # fmt: skip
+        ref, spec=spec, src=src, hyp=hyp, hyp_b=hyp_b, output=output, json_out=json_out, report=report
+    ):
         typer.echo(line)
 
 
@@ -283,13 +295,19 @@ def serve(
     workers: ServeWorkersOpt = 0,
     batch_window_ms: Annotated[
         float, typer.Option("--batch-window-ms", help="How long a batch waits for more requests.")
-    ] = 5.0,
+    ] = ServingLimits.batch_window_ms,
     max_batch: Annotated[
         int, typer.Option("--max-batch", help="Most sentences a decoding worker searches at once.")
-    ] = 256,
-    max_queue: Annotated[int, typer.Option("--max-queue", help="Sentences waiting; past it: 503.")] = 1024,
-    max_texts: Annotated[int, typer.Option("--max-texts", help="Sentences in one request; past it: 413.")] = 256,
-    max_request_bytes: Annotated[int, typer.Option("--max-request-bytes", help="Body size; past it: 413.")] = 1 << 20,
+    ] = ServingLimits.max_batch,
+    max_queue: Annotated[
+        int, typer.Option("--max-queue", help="Sentences waiting; past it: 503.")
+    ] = ServingLimits.max_queue,
+    max_texts: Annotated[
+        int, typer.Option("--max-texts", help="Sentences in one request; past it: 413.")
+    ] = ServingLimits.max_texts,
+    max_request_bytes: Annotated[
+        int, typer.Option("--max-request-bytes", help="Body size; past it: 413.")
+    ] = ServingLimits.max_request_bytes,
     log_text: Annotated[bool, typer.Option("--log-text", help="Also log each request's sentences.")] = False,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
@@ -297,16 +315,16 @@ def serve(
     protect: ProtectOpt = True,
 ) -> None:
     """HTTP JSON API: POST /translate {"text": ...} or {"texts": [...]}, GET /health (README, Deploying)."""
+    from translate.engine import EngineSpec
     from translate.serve import serve as run_serve
 
     _keep_freed_memory()
-
-    run_serve(
-        checkpoints, host=host, port=port, beam=beam, length_penalty=lenpen, batch_tokens=batch_tokens,
-        workers=workers, device=device, dtype=dtype, quantize=quantize, batch_window_ms=batch_window_ms,
-        max_batch=max_batch, max_queue=max_queue, max_texts=max_texts, max_request_bytes=max_request_bytes,
-        log_text=log_text, protect=protect,
+    limits = ServingLimits(batch_window_ms, max_batch, max_queue, max_texts, max_request_bytes)
+    spec = EngineSpec(
+        checkpoints, device=device, dtype=dtype, quantize=quantize, protect=protect, batch_tokens=batch_tokens,
+        workers=workers, beam_size=beam, length_penalty=lenpen, limits=limits,
     )  # fmt: skip
+    run_serve(spec, host=host, port=port, log_text=log_text)
 
 
 @app.command()

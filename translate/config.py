@@ -20,6 +20,7 @@ import yaml
 
 from translate.errors import UserError
 from translate.hardware import check_device_name
+from translate.options import CLI_NAMES, SearchOptions, at_least
 from translate.protect import CLASSES as PROTECT_CLASSES
 from translate.protect import check_classes
 
@@ -120,47 +121,6 @@ class TrainConfig:
     dist_timeout: str = "1h"  # torchrun: the longest wait for rank 0's preparation and for any collective
 
 
-def at_least(value: float, low: float, name: str) -> None:
-    """A UserError unless value >= low."""
-    if value < low:
-        raise UserError(f"{name} must be at least {low}, got {value}")
-
-
-@dataclass(frozen=True)
-class SearchOptions:
-    """How beam search runs: the one home of its defaults and their checks, passed from the CLI
-    (its --beam, --lenpen, --max-len-a/b, --nbest: `CLI_NAMES`) through translator.py to
-    search.beam_search. beam_size 1 is greedy search."""
-
-    beam_size: int = 5
-    length_penalty: float = 0.6  # GNMT's alpha
-    max_len_a: float = 1.2  # max output length = a * source length + b
-    max_len_b: float = 10
-    nbest: int = 1  # hypotheses returned per sentence, best first
-
-    def check(self, names: dict[str, str] | None = None) -> SearchOptions:
-        """self, or a UserError naming the first bad value as names[field] (default: the field)."""
-        name = (names or {}).get
-        at_least(self.beam_size, 1, name("beam_size", "beam_size"))
-        at_least(self.max_len_a, 0, name("max_len_a", "max_len_a"))
-        at_least(self.max_len_b, 0, name("max_len_b", "max_len_b"))
-        if not 1 <= self.nbest <= self.beam_size:
-            raise UserError(
-                f"{name('nbest', 'nbest')} must be between 1 and the beam size ({self.beam_size}), got {self.nbest}"
-            )
-        return self
-
-
-CLI_NAMES = {
-    "beam_size": "--beam",
-    "length_penalty": "--lenpen",
-    "max_len_a": "--max-len-a",
-    "max_len_b": "--max-len-b",
-    "nbest": "--nbest",
-    "batch_tokens": "--batch-tokens",
-}
-
-
 @dataclass(frozen=True)
 class DecodeConfig:
     beam_size: int = SearchOptions.beam_size
@@ -175,8 +135,8 @@ class DecodeConfig:
     ) -> SearchOptions:
         """The SearchOptions given (None: not given), else this section's; checked (see SearchOptions.check)."""
         fields = ("beam_size", "length_penalty", "max_len_a", "max_len_b")
-        values = {f: getattr(self, f) if given.get(f) is None else given[f] for f in fields}
-        return SearchOptions(**values, nbest=nbest).check(names)  # type: ignore[arg-type]
+        ours = SearchOptions(**{f: getattr(self, f) for f in fields}, nbest=1)  # type: ignore[arg-type]
+        return ours.given(names, **given, nbest=nbest)
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
-"""Lines of text -> batches by length -> search -> text, in input order.
+"""The engine's pipeline: lines of text -> batches by length -> search -> text, in input order.
 
 `translate_lines` streams: it reads its lines lazily in chunks (up to `chunk_lines`, or with
 `stream=True` whatever has already arrived, so a pipe or a terminal gets each translation at
 once), sorts each chunk by source length into token-budget batches, decodes them with
 search.py, restores the input order and yields one n-best list of (text, score) per input line.
 Blank lines give empty translations without running the model; a source longer than the model
-can hold is cut to its first `max_positions - 1` pieces. The trainer's validation and the
-`decode`/`evaluate` commands (translator.py) both decode through it.
+can hold is cut to its first `max_positions - 1` pieces. `engine.Engine.translate` runs it with
+the engine's settings; the trainer's validation still calls it directly, with the same results.
 """
 
 from __future__ import annotations
@@ -21,14 +21,17 @@ from typing import TypeVar
 
 import torch
 
-from translate.config import DecodeConfig, SearchOptions, at_least
+from translate.config import DecodeConfig
 from translate.errors import UserError
 from translate.hardware import is_out_of_memory
 from translate.model import Transformer
+from translate.options import SearchOptions, at_least
 from translate.protect import Protector
 from translate.search import Hypothesis, beam_search
 from translate.textio import Translation
 from translate.tokenizer import EOS, PAD, Tokenizer
+
+Progress = Callable[[int], object]  # called with the number of lines just done
 
 
 def translate_lines(
@@ -42,7 +45,7 @@ def translate_lines(
     stream: bool = False,
     chunk_lines: int = 2000,
     workers: int = 0,
-    on_progress: Callable[[int], object] | None = None,
+    on_progress: Progress | None = None,
     protect: Sequence[str] = (),
 ) -> Iterator[Translation]:
     """Translate `lines` (an ensemble when several models are given): an iterator that yields, per
@@ -62,7 +65,7 @@ def translate_lines(
     check_workers(workers)
     device = torch.device(device) if device is not None else next(models[0].parameters()).device
     workers = workers or decode_workers(device)
-    max_pieces = min(m.cfg.max_positions for m in models) - 1  # + EOS = the model's capacity
+    max_pieces = max_source_pieces(models)
     protector = Protector(protect, tokenizer)
     chunks = (arrived_chunks if stream else fixed_chunks)(protector.mask_lines(lines), chunk_lines)
     return protector.restore(
@@ -153,6 +156,11 @@ def _wait(q: queue.Queue) -> object:
             continue
 
 
+def max_source_pieces(models: Sequence[Transformer]) -> int:
+    """The most pieces of a source the models hold (with its EOS): longer ones are cut to it."""
+    return min(m.cfg.max_positions for m in models) - 1
+
+
 def encode_sources(tokenizer: Tokenizer, lines: list[str], max_pieces: int) -> list[list[int] | None]:
     """Each line's source ids (pieces cut to max_pieces, + EOS); None for a blank line."""
     texts = [line.strip() for line in lines]
@@ -192,7 +200,7 @@ def translate_sources(
     batch_tokens: int,
     device: torch.device,
     workers: int = 1,
-    on_progress: Callable[[int], object] | None = None,
+    on_progress: Progress | None = None,
 ) -> list[Translation]:
     """Decode every non-blank source in token-budget batches, `workers` at once; results in the
     order of `sources`."""
@@ -200,7 +208,8 @@ def translate_sources(
     results: list[Translation] = [[("", 0.0)] * nbest for _ in sources]
     todo = [i for i, ids in enumerate(sources) if ids is not None]
     lengths = [len(sources[i]) for i in todo]  # type: ignore[arg-type]
-    batches = [[todo[j] for j in batch] for batch in decode_batches(lengths, batch_tokens // workers, search.beam_size)]
+    budget = share(batch_tokens, workers)
+    batches = [[todo[j] for j in batch] for batch in decode_batches(lengths, budget, search.beam_size)]
     while 0 < len(batches) < workers and max(map(len, batches)) > 1:  # too few batches for the workers: halve one
         big = max(batches, key=len)
         batches.remove(big)
@@ -243,8 +252,13 @@ def to_translations(tokenizer: Tokenizer, hyps: list[list[Hypothesis]], nbest: i
 def decode_workers(device: torch.device) -> int:
     """How many batches decode at once by default: 2 on a CPU where torch has 2 threads or more
     (each then runs on half of them; small matrix products scale poorly across threads, so two
-    batches side by side are 1.1-1.3x faster on 2 cores, see README), else 1."""
+    batches side by side are 1.1-1.3x faster on 2 cores, see docs/performance.md), else 1."""
     return 2 if device.type == "cpu" and torch.get_num_threads() >= 2 else 1
+
+
+def share(total: int, workers: int) -> int:
+    """One worker's share of `total` (torch threads, batch tokens): at least 1."""
+    return max(1, total // workers)
 
 
 T = TypeVar("T")
@@ -258,7 +272,7 @@ def in_workers(fn: Callable[[T], R], items: list[T], workers: int) -> Iterator[R
         yield from map(fn, items)
         return
     threads = torch.get_num_threads()
-    pool = ThreadPoolExecutor(workers, "translate-decode", torch.set_num_threads, (max(1, threads // workers),))
+    pool = ThreadPoolExecutor(workers, "translate-decode", torch.set_num_threads, (share(threads, workers),))
     try:
         yield from pool.map(fn, items)
     finally:

@@ -150,12 +150,7 @@ def pack_linears(model: Transformer) -> Transformer:
     (W_qkv: one product a decoding step instead of three; the same results)."""
     packed = copy.deepcopy(model).float().eval()
     for layer in packed.decoder:
-        attn = layer.self_attn
-        fused = torch.nn.Linear(attn.W_q.in_features, 3 * attn.W_q.out_features)
-        with torch.no_grad():
-            fused.weight.copy_(torch.cat([attn.W_q.weight, attn.W_k.weight, attn.W_v.weight]))
-            fused.bias.copy_(torch.cat([attn.W_q.bias, attn.W_k.bias, attn.W_v.bias]))
-        attn.W_qkv = fused
+        layer.self_attn.fuse_qkv()
     for module in list(packed.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, torch.nn.Linear):

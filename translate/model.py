@@ -9,6 +9,9 @@ Two ways through the decoder:
 - `encode(src)` once, then `decode_step(tokens, state)` one token at a time with a cache of
   each layer's self-attention keys/values and the cross-attention keys/values of the
   source, computed once per sentence (search.py). `reorder_state` follows the beams.
+
+About 560 lines: the layers and the incremental-decoding state they carry between steps
+(LayerCache, Rows, DecoderState) read together, as the decoder's step is written against them.
 """
 
 from __future__ import annotations
@@ -48,6 +51,25 @@ class MultiHeadAttention(nn.Module):
         self.W_k = nn.Linear(d_model, d_model)
         self.W_v = nn.Linear(d_model, d_model)
         self.W_o = nn.Linear(d_model, d_model)
+        self.W_qkv: nn.Module | None = None  # W_q, W_k, W_v as one layer, for decoding (fuse_qkv)
+
+    def fuse_qkv(self) -> None:
+        """Add W_qkv, the query, key and value projections as one (D, 3D) layer: one product per
+        decoding step instead of three, the same results. For inference (inference.pack_linears);
+        training goes on updating W_q, W_k and W_v."""
+        d_model = self.W_q.in_features
+        self.W_qkv = nn.Linear(d_model, 3 * d_model)
+        with torch.no_grad():
+            self.W_qkv.weight.copy_(torch.cat([self.W_q.weight, self.W_k.weight, self.W_v.weight]))
+            self.W_qkv.bias.copy_(torch.cat([self.W_q.bias, self.W_k.bias, self.W_v.bias]))
+
+    def step_projections(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decoding step's query (R, 1, D) and new keys and values side by side (R, 1, 2D) of h (R, 1, D)."""
+        if self.W_qkv is not None:
+            qkv = self.W_qkv(h)  # (R, 1, 3D)
+            D = h.size(-1)
+            return qkv[..., :D], qkv[..., D:]
+        return self.W_q(h), torch.cat([self.W_k(h), self.W_v(h)], dim=-1)
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         """(B, L, D) -> (B, H, L, K)"""
@@ -230,11 +252,7 @@ class DecoderLayer(nn.Module):
         attn, cross = self.self_attn, self.cross_attn
         h = self.sub_self.inp(x)
         D = x.size(-1)
-        if (fused := getattr(attn, "W_qkv", None)) is not None:  # one product (inference.pack_linears)
-            qkv = fused(h)  # (R, 1, 3D)
-            q, kv_new = qkv[..., :D], qkv[..., D:]
-        else:
-            q, kv_new = attn.W_q(h), torch.cat([attn.W_k(h), attn.W_v(h)], dim=-1)
+        q, kv_new = attn.step_projections(h)
         q, kv_new = attn.split_heads(q), kv_new.view(R, 2, D)  # (R, H, 1, K), (R, 2, D) keys and values
         parts, r = [], 0
         for group, mask in zip(groups, masks, strict=True):

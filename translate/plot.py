@@ -17,6 +17,7 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from translate.decoding import max_source_pieces
 from translate.errors import UserError
 from translate.model import Transformer
 from translate.textio import check_output_path
@@ -146,7 +147,7 @@ def attention_maps(
     `target_ids` are the output's piece ids without BOS/EOS.
     """
     device = next(model.parameters()).device
-    src_ids = tokenizer.encode([source])[0][: model.cfg.max_positions - 1] + [EOS]
+    src_ids = tokenizer.encode([source])[0][: max_source_pieces([model])] + [EOS]
     src = torch.tensor([src_ids], device=device)
     tgt_in = torch.tensor([[BOS, *target_ids]], device=device)
     weights = model.attention(src, tgt_in)[kind][layer][0]  # (H, R, C)

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from translate.config import SearchOptions
+from translate.options import SearchOptions
 from translate.tokenizer import BOS, EOS, PAD
 
 NEG_INF = float("-inf")

@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from translate.adapt import adapted_config, init_record, load_init
-from translate.batching import token_batches
+from translate.batching import shard_batches, token_batches
 from translate.checkpoint import (
     CHECKPOINT_FORMAT,
     atomic_save,
@@ -122,8 +122,6 @@ class Trainer:
         self.device = resolve_device(cfg.train.device, "train.device", world.local_rank)
         self.amp, self.amp_reason = choose_amp(cfg.train.amp, self.device)
         self.budget = parse_duration(cfg.train.max_time) if cfg.train.max_time is not None else None
-        if cfg.train.threads:
-            torch.set_num_threads(cfg.train.threads)
 
     def _prepare(self, cfg: Config, resume: bool) -> dict[str, Any] | None:
         """Rank 0 locks the run, checks it and prepares the data while the others wait; then the
@@ -248,7 +246,7 @@ class Trainer:
                 group = batches[position : position + per_update]
                 position += per_update
                 last = t.max_epochs is not None and epoch + 1 == t.max_epochs and position + per_update > len(batches)
-                mine = [self.collate(b) for b in group[self.rank :: self.world]]
+                mine = [self.collate(b) for b in shard_batches(group, self.rank, self.world)]
                 yield PlannedUpdate(epoch, position, mine, int(sum(tgt_lens[b].sum() for b in group)), last)
             epoch, position = epoch + 1, 0
 

@@ -1,6 +1,6 @@
 """The bodies of the decoding commands: `decode` (a file or stdin to a file or stdout),
-`evaluate`'s translation, `attention`. Lines are decoded by decoding.py, checkpoints loaded by
-inference.py, files read and written by textio.py."""
+`evaluate`'s translation and scoring, `attention`. Each holds one engine (engine.py), loaded
+from the command's EngineSpec; files are read and written by textio.py."""
 
 from __future__ import annotations
 
@@ -10,66 +10,26 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Literal
 
-from translate.config import CLI_NAMES, Config, SearchOptions, at_least
-from translate.decoding import check_workers, encode_sources, pad_batch, translate_lines
+from translate.decoding import check_workers
+from translate.engine import Engine, EngineSpec, first_best
 from translate.errors import UserError
-from translate.hardware import resolve_device
-from translate.inference import load_models
-from translate.search import beam_search
 from translate.textio import check_output_path, read_all_lines, read_lines, write_json, write_translations
 
 
-def decode_options(
-    cfg: Config,
-    beam: int | None = None,
-    length_penalty: float | None = None,
-    batch_tokens: int | None = None,
-    max_len_a: float | None = None,
-    max_len_b: float | None = None,
-    nbest: int = 1,
-) -> tuple[SearchOptions, int]:
-    """The search options and batch tokens for translate_lines from the CLI's values: the ones
-    given, else the checkpoint's decode section; bad values are named by the CLI's options."""
-    given = dict(beam_size=beam, length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b)
-    search = cfg.decode.search_options(CLI_NAMES, nbest, **given)
-    batch_tokens = cfg.decode.batch_tokens if batch_tokens is None else batch_tokens
-    at_least(batch_tokens, 1, CLI_NAMES["batch_tokens"])
-    return search, batch_tokens
-
-
 def decode_file(
-    checkpoints: Sequence[str | Path],
-    input: str | Path = "-",
-    output: str | Path = "-",
-    *,
-    beam: int | None = None,
-    length_penalty: float | None = None,
-    nbest: int = 1,
-    with_scores: bool = False,
-    batch_tokens: int | None = None,
-    workers: int = 0,
-    max_len_a: float | None = None,
-    max_len_b: float | None = None,
-    device: str = "auto",
-    dtype: str = "auto",
-    quantize: str | None = None,
-    protect: bool = True,
+    spec: EngineSpec, input: str | Path = "-", output: str | Path = "-", *, with_scores: bool = False
 ) -> int:
     """`translate decode`: a file (or stdin, translated line by line as it arrives) to a file or
-    stdout; K lines per input line for --nbest K, TSV with --scores. Returns the input line count."""
-    check_workers(workers)
+    stdout; spec.nbest lines per input line, TSV with_scores. Returns the input line count."""
+    check_workers(spec.workers)
     if str(input) != "-" and str(output) != "-" and Path(input).resolve() == Path(output).resolve():
         raise UserError(f"--output {output} is the input file; choose another file")
     if str(output) != "-":
-        check_output_path(output, "--output", checkpoints)
+        check_output_path(output, "--output", spec.checkpoints)
     lines = read_lines(input)
-    models, tokenizer, cfg = load_models(checkpoints, resolve_device(device), dtype=dtype, quantize=quantize)
-    search, batch_tokens = decode_options(cfg, beam, length_penalty, batch_tokens, max_len_a, max_len_b, nbest)
+    engine = Engine.load(spec)
     with progress_bar(lambda: count_lines(input)) if str(input) != "-" else nullcontext() as update:
-        translations = translate_lines(
-            models, tokenizer, lines, search, batch_tokens=batch_tokens, stream=str(input) == "-", workers=workers,
-            on_progress=update, protect=cfg.decode.protect if protect else (),
-        )  # fmt: skip
+        translations = engine.translate(lines, stream=str(input) == "-", on_progress=update)
         return write_translations(translations, output, nbest_format="tsv" if with_scores else "text")
 
 
@@ -91,30 +51,12 @@ def count_lines(path: str | Path) -> int:
         return sum(1 for _ in f)
 
 
-def translate_file_lines(
-    checkpoints: Sequence[str | Path],
-    sources: list[str],
-    *,
-    beam: int | None = None,
-    length_penalty: float | None = None,
-    batch_tokens: int | None = None,
-    workers: int = 0,
-    device: str = "auto",
-    output: str | Path | None = None,
-    dtype: str = "auto",
-    quantize: str | None = None,
-    protect: bool = True,
-) -> list[str]:
+def translate_file_lines(spec: EngineSpec, sources: list[str], output: str | Path | None = None) -> list[str]:
     """`translate evaluate`: the 1-best translation of each source line (also written to `output`)."""
-    check_workers(workers)
-    models, tokenizer, cfg = load_models(checkpoints, resolve_device(device), dtype=dtype, quantize=quantize)
-    search, batch_tokens = decode_options(cfg, beam, length_penalty, batch_tokens)
+    check_workers(spec.workers)
+    engine = Engine.load(spec)
     with progress_bar(lambda: len(sources)) as update:
-        translations = translate_lines(
-            models, tokenizer, sources, search, batch_tokens=batch_tokens, workers=workers, on_progress=update,
-            protect=cfg.decode.protect if protect else (),
-        )  # fmt: skip
-        hypotheses = [nbest[0][0] for nbest in translations]
+        hypotheses = first_best(engine.translate(sources, on_progress=update))
     if output is not None:
         write_translations([[(h, 0.0)] for h in hypotheses], output)
     return hypotheses
@@ -123,18 +65,18 @@ def translate_file_lines(
 def evaluate_files(
     ref: Path,
     *,
-    checkpoints: Sequence[str | Path] = (),
+    spec: EngineSpec = EngineSpec(()),
     src: Path | None = None,
     hyp: Path | None = None,
     hyp_b: Path | None = None,
     output: Path | None = None,
     json_out: Path | None = None,
     report: Path | None = None,
-    **decode,
 ) -> list[str]:
-    """`translate evaluate`: score `hyp`, or the checkpoints' translation of `src` (`decode`: the
-    options of translate_file_lines), against `ref`; `hyp_b` too, side by side. Writes --json and
-    --report; returns the lines to print (the scores with their signatures)."""
+    """`translate evaluate`: score `hyp`, or the translation of `src` by the engine of `spec`,
+    against `ref`; `hyp_b` too, side by side. Writes --json and --report; returns the lines to
+    print (the scores with their signatures)."""
+    checkpoints = spec.checkpoints
     from translate.evaluate import format_scores, score
     from translate.report import build_report, write_report
 
@@ -143,7 +85,7 @@ def evaluate_files(
             check_output_path(path, option, [ref, src, hyp, hyp_b, *checkpoints])
     references, sources, hypotheses, hypotheses_b = _evaluation_inputs(ref, checkpoints, src, hyp, hyp_b)
     if hypotheses is None:
-        hypotheses = translate_file_lines(checkpoints, sources, output=output, **decode)  # type: ignore[arg-type]
+        hypotheses = translate_file_lines(spec, sources, output=output)  # type: ignore[arg-type]
     scores = [score(hypotheses, references)]
     printed = [format_scores(scores[0])]
     if json_out:
@@ -208,7 +150,8 @@ def plot_attention(
         raise UserError(f"--self must be 'encoder' or 'decoder', got {kind!r}")
     if all_heads and head is not None:
         raise UserError("give either --head H or --all-heads, not both")
-    (model,), tokenizer, cfg = load_models([checkpoint], resolve_device("auto"))
+    engine = Engine.load(EngineSpec([checkpoint], protect=False, beam_size=beam))
+    model = engine.models[0]
     stack = "encoder" if kind == "encoder" else "decoder"
     n_layers, n_heads = getattr(model.cfg, f"{stack}_layers"), model.cfg.n_heads
     if not -n_layers <= layer < n_layers:
@@ -219,11 +162,8 @@ def plot_attention(
     if not sentence.strip():
         raise UserError("the sentence to translate is empty")
     check_output_path(output, "--output", [checkpoint])
-    search, _ = decode_options(cfg, beam)
-    device = next(model.parameters()).device
-    src = pad_batch([encode_sources(tokenizer, [sentence], model.cfg.max_positions - 1)[0]], device)  # (1, S)
-    tokens = beam_search([model], src, search)[0][0].tokens
-    weights, cols, rows = attention_maps(model, tokenizer, sentence.strip(), tokens, kind, layer)  # (H, R, C)
+    tokens = engine.best_tokens(sentence)
+    weights, cols, rows = attention_maps(model, engine.tokenizer, sentence.strip(), tokens, kind, layer)  # (H, R, C)
     name = "cross-attention" if kind == "cross" else f"{kind} self-attention"
     xlabel, ylabel = AXES[kind]
     if all_heads:
@@ -233,4 +173,4 @@ def plot_attention(
         w = weights.mean(0) if head is None else weights[head]
         fig = attention_figure(w, cols, rows, title=f"{name}, {which}", xlabel=xlabel, ylabel=ylabel)
     save_figure(fig, output)
-    return tokenizer.decode([tokens])[0]
+    return engine.tokenizer.decode([tokens])[0]

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from translate.batching import token_batches
 from translate.config import Config
 from translate.data import collate, load_split
-from translate.decoding import translate_lines
+from translate.engine import Engine, first_best
 from translate.evaluate import score
 from translate.loss import label_smoothed_nll_loss
 from translate.model import Transformer
@@ -84,14 +84,13 @@ class Validator:
 
     def translate(self, model: Transformer, lines: list[str]) -> list[str]:
         d = self.cfg.decode
-        out = translate_lines(
-            [model],
+        engine = Engine.from_model(
+            model,
             self.tokenizer,
-            lines,
             d.search_options(beam_size=self.cfg.train.eval_beam_size),
             batch_tokens=d.batch_tokens,
             device=self.device,
             protect=d.protect,
             workers=1,  # one batch at a time on every thread, as the published runs were validated
         )
-        return [nbest[0][0] for nbest in out]
+        return first_best(engine.translate(lines))

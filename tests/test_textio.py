@@ -1,0 +1,60 @@
+"""textio.py: reading lines (BOM, CRLF, undecodable bytes) and writing translations atomically."""
+
+from __future__ import annotations
+
+import pytest
+
+from translate.decoding import translate_lines
+from translate.errors import UserError
+from translate.options import SearchOptions
+from translate.textio import read_lines, write_translations
+
+
+def test_read_lines(tmp_path):
+    path = tmp_path / "in.en"
+    path.write_bytes("\ufefffirst\r\nsecond\n\nlast".encode())
+    assert list(read_lines(path)) == ["first", "second", "", "last"]
+    path.write_bytes(b"good\nbad \xff here\n")
+    lines = read_lines(path)
+    assert next(lines) == "good"
+    with pytest.raises(UserError, match=r"in\.en:2: not UTF-8"):
+        next(lines)
+    with pytest.raises(UserError, match="not found"):
+        read_lines(tmp_path / "missing.en")
+
+
+def test_write_text_and_tsv(tmp_path):
+    translations = [[("le chat", -0.5), ("un chat", -0.75)], [("", 0.0), ("", 0.0)], [("a\nb\tc", -1.0)] * 2]
+    out = tmp_path / "out.fr"
+    assert write_translations(translations, out) == 3
+    assert out.read_text(encoding="utf-8") == "le chat\nun chat\n\n\na b\tc\na b\tc\n"
+    assert write_translations(translations, out, nbest_format="tsv") == 3
+    assert out.read_text(encoding="utf-8").splitlines() == [
+        "0\t-0.5000\tle chat",
+        "0\t-0.7500\tun chat",
+        "1\t0.0000\t",
+        "1\t0.0000\t",
+        "2\t-1.0000\ta b c",
+        "2\t-1.0000\ta b c",
+    ]
+    assert [p.name for p in tmp_path.iterdir()] == ["out.fr"]
+
+
+def test_write_error_leaves_the_old_file(tmp_path):
+    out = tmp_path / "out.fr"
+    out.write_text("old\n")
+
+    def failing():
+        yield [("new", 0.0)]
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        write_translations(failing(), out)
+    assert out.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.fr"]
+
+
+def test_write_stdout(capsys, model, tokenizer):
+    n = write_translations(translate_lines(model, tokenizer, ["the cat", "", "dog"], SearchOptions(beam_size=3)), "-")
+    lines = capsys.readouterr().out.split("\n")
+    assert n == 3 and len(lines) == 4 and lines[1] == "" and lines[3] == ""

@@ -1,0 +1,241 @@
+"""`ProcessEngine`: the TranslationEngine of `translate serve` on a CPU with several workers.
+
+Each worker is a decoding process holding its own `Engine` (the checkpoints loaded from the same
+`EngineSpec`) and a one-thread continuous `Batcher`, on its share of the CPU threads: two decoding
+threads of one process would wait for each other's Python at every step of their searches. This
+process keeps the count of sentences queued (sent to a process and not yet taken into its search)
+against the spec's max_queue, sends each request to the process with the fewest sentences
+outstanding, and a reader thread per process answers the futures. A process that ends fails the
+requests it held; the others go on. `open_engine` chooses between it and an in-process `Engine`.
+
+The pipe protocol, parent to process: ("job", id, texts, options), ("hurry",), ("stop",); process to
+parent: ("ready", defaults) or ("failed", message) once loaded, then ("taken", n), ("done", id,
+translations), ("failed", id, message), and ("stopped",) last.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing
+import signal
+import threading
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
+
+import torch
+
+from translate.batcher import Batcher, QueueFull, check_room
+from translate.decoding import decode_workers, share
+from translate.engine import Engine, EngineSpec, TranslationEngine
+from translate.errors import UserError
+from translate.hardware import resolve_device
+from translate.inference import keep_freed_memory
+from translate.options import SearchOptions
+from translate.textio import Translation
+
+log = logging.getLogger("translate")
+
+
+class DecodingFailed(Exception):
+    """A decoding process's report of a failure (its message names the error)."""
+
+
+def resolve_spec(spec: EngineSpec) -> EngineSpec:
+    """The spec with its device, workers and threads chosen (auto made concrete)."""
+    device = resolve_device(spec.device)
+    workers = spec.workers or decode_workers(device)
+    threads = spec.threads or torch.get_num_threads()
+    return dataclasses.replace(spec, device=str(device), workers=workers, threads=threads)
+
+
+def open_engine(spec: EngineSpec) -> TranslationEngine:
+    """The engine `translate serve` decodes with: on a CPU with several workers a ProcessEngine,
+    else an Engine whose workers are threads (a GPU's kernels run while Python waits)."""
+    spec = resolve_spec(spec)
+    if resolve_device(spec.device).type == "cpu" and spec.workers > 1:
+        return ProcessEngine(spec)
+    return Engine.load(spec)
+
+
+class ProcessEngine:
+    """spec.workers decoding processes behind one TranslationEngine (see the module's docstring)."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        context = multiprocessing.get_context("spawn")  # a fork of a process with torch's threads may hang
+        self.max_queue, self.stopping, self.lock = spec.limits.max_queue, False, threading.Lock()
+        self.conns, self.procs = [], []
+        for i in range(spec.workers):
+            parent, child = context.Pipe()
+            proc = context.Process(
+                target=decoding_process, args=(child, spec), name=f"translate-decoder-{i}", daemon=True
+            )
+            proc.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(proc)
+        replies = [self._receive(conn) for conn in self.conns]
+        if failed := [reply[1] for reply in replies if reply[0] != "ready"]:
+            self.stop()
+            raise UserError(failed[0])
+        self.defaults: SearchOptions = replies[0][1]  # the search defaults, as every process has them
+        self.outstanding = [0] * spec.workers  # sentences sent to each process and not answered
+        self.waiting = [0] * spec.workers  # of those, the ones not yet taken into its search
+        self.futures: dict[int, tuple[Future, int, int]] = {}  # request id -> (future, process, sentences)
+        self.next_id = 0
+        self.alive = set(range(spec.workers))
+        self.readers = [threading.Thread(target=self._read, args=(i,), daemon=True) for i in range(spec.workers)]
+
+    @staticmethod
+    def _receive(conn) -> tuple:
+        try:
+            return conn.recv()
+        except (EOFError, OSError):
+            return ("failed", "a decoding process ended while loading the model")
+
+    @property
+    def queued(self) -> int:
+        return sum(self.waiting)
+
+    def start(self) -> None:
+        for reader in self.readers:
+            if not reader.is_alive():
+                reader.start()
+
+    def translate(self, lines: Iterable[str], options: SearchOptions | None = None) -> Iterator[Translation]:
+        """The lines in requests of up to max_queue sentences, one after the other."""
+        self.start()
+        lines = list(lines)
+        for i in range(0, len(lines), self.max_queue):
+            yield from self.submit(lines[i : i + self.max_queue], options).result()
+
+    def submit(self, texts: list[str], options: SearchOptions | None = None) -> Future:
+        """Send sentences to a process; QueueFull when the queue cannot take them."""
+        future: Future = Future()
+        future.set_running_or_notify_cancel()  # it is decoded even if its client goes: not cancellable
+        with self.lock:
+            gone = (
+                "the server is shutting down" if self.stopping else None if self.alive else "no decoding process left"
+            )
+            check_room(self.queued, len(texts), self.max_queue, gone)
+            while self.alive:
+                worker = min(self.alive, key=lambda i: (self.outstanding[i], i))
+                try:
+                    self.conns[worker].send(("job", self.next_id + 1, texts, options or self.defaults))
+                    break
+                except OSError:  # it has just ended (its reader fails what it held)
+                    self.alive.discard(worker)
+            else:
+                raise QueueFull("no decoding process left")
+            self.next_id += 1
+            self.futures[self.next_id] = (future, worker, len(texts))
+            self.outstanding[worker] += len(texts)
+            self.waiting[worker] += len(texts)
+        return future
+
+    def _read(self, worker: int) -> None:
+        """Answer the futures of one process's replies until it stops (or ends: its requests fail)."""
+        for reply in messages(self.conns[worker], until="stopped"):
+            with self.lock:
+                if reply[0] == "taken":
+                    self.waiting[worker] -= reply[1]
+                    continue
+                future, _, n = self.futures.pop(reply[1])
+                self.outstanding[worker] -= n
+            if reply[0] == "done":
+                future.set_result(reply[2])
+            else:
+                future.set_exception(DecodingFailed(reply[2]))
+        with self.lock:
+            self.alive.discard(worker)
+            lost = [id for id, (_, w, _) in self.futures.items() if w == worker]
+            lost = [self.futures.pop(id)[0] for id in lost]
+            self.outstanding[worker] = self.waiting[worker] = 0
+        if not self.stopping:
+            log.error(f"decoding process {worker} ended; {len(lost)} requests fail")
+        for future in lost:
+            future.set_exception(DecodingFailed("the decoding process ended"))
+
+    def hurry(self) -> None:
+        """Have every process start searching what it holds without waiting out its batching window."""
+        self._tell(("hurry",))
+
+    def _tell(self, message: tuple) -> None:
+        with self.lock:
+            for conn in self.conns:
+                try:
+                    conn.send(message)
+                except OSError:
+                    pass  # already gone
+
+    def stop(self) -> None:
+        """Have every process decode what it holds and end."""
+        with self.lock:
+            self.stopping = True
+        self._tell(("stop",))
+        for reader in getattr(self, "readers", []):
+            if reader.is_alive():
+                reader.join()
+        for proc in self.procs:
+            proc.join(timeout=60)
+            if proc.is_alive():
+                proc.kill()
+
+
+def messages(conn, until: str) -> Iterator[tuple]:
+    """The messages from one end of a pipe until one of kind `until` or the other end is gone."""
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message[0] == until:
+            return
+        yield message
+
+
+def decoding_process(conn, spec: EngineSpec) -> None:
+    """One decoding process: load an Engine from `spec`, then decode the jobs sent through `conn`
+    with a one-thread Batcher until told to stop (or the parent is gone). Being a process of its
+    own, it sets its process-wide state itself: signals, torch's threads (its share), malloc."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent drains us
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    keep_freed_memory()
+    torch.set_num_threads(share(spec.threads or torch.get_num_threads(), spec.workers))
+    sending = threading.Lock()
+
+    def send(message: tuple) -> None:
+        with sending:
+            try:
+                conn.send(message)
+            except OSError:
+                pass  # the parent is gone
+
+    try:
+        engine = Engine.load(spec)
+    except UserError as e:
+        send(("failed", str(e)))
+        return
+    except Exception as e:
+        send(("failed", f"loading {', '.join(spec.checkpoints)} failed: {type(e).__name__}: {e}"))
+        return
+    limits = spec.limits
+    batcher = Batcher(
+        engine, workers=1, window=limits.window, max_batch=limits.max_batch, max_queue=1 << 62,
+        on_take=lambda n: send(("taken", n)),
+    )  # fmt: skip
+    batcher.start()
+    send(("ready", engine.defaults))
+
+    def answer(id: int, future: Future) -> None:
+        e = future.exception()
+        send(("done", id, future.result()) if e is None else ("failed", id, f"{type(e).__name__}: {e}"))
+
+    for message in messages(conn, until="stop"):
+        if message[0] == "hurry":
+            batcher.hurry()
+            continue
+        _, id, texts, options = message
+        batcher.submit(texts, options).add_done_callback(lambda future, id=id: answer(id, future))
+    batcher.stop()
+    send(("stopped",))
