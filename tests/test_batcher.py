@@ -61,7 +61,7 @@ def test_a_full_queue_refuses_at_once_and_keeps_what_it_holds(model, tokenizer):
 
 
 def test_a_failing_search_fails_its_request_and_the_engine_goes_on(engine, monkeypatch):
-    def broken(texts, options=None):
+    def broken(texts, options=None, glossary=None):
         raise RuntimeError("broken greedy")
 
     monkeypatch.setattr(engine, "translate_in_worker", broken)

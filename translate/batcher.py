@@ -23,7 +23,7 @@ import torch
 
 from translate.decoding import pad_batch, to_translations
 from translate.options import SearchOptions
-from translate.protect import Protector
+from translate.protect import Protector, Terms
 from translate.search import BeamSearch, Ensemble, max_output_lengths
 from translate.textio import Translation
 
@@ -56,6 +56,7 @@ class Job:
     results: list[Translation] = field(default_factory=list)  # each sentence's n-best list, as it is done
     left: int = 0  # sentences still searching
     protector: Protector | None = None  # the request's masked spans
+    glossary: Terms | None = None  # the request's terms
 
 
 class Batcher:
@@ -101,9 +102,9 @@ class Batcher:
             if thread.is_alive():
                 thread.join()
 
-    def submit(self, texts: list[str], search: SearchOptions) -> Future:
+    def submit(self, texts: list[str], search: SearchOptions, glossary: Terms | None = None) -> Future:
         """Queue a request's sentences; QueueFull when the queue cannot take them."""
-        job = Job(texts, search)
+        job = Job(texts, search, glossary=glossary)
         with self.cond:
             gone = "the server is shutting down" if self.stopping else None
             check_room(self.queued, len(texts), self.max_queue, gone)
@@ -157,9 +158,9 @@ class Batcher:
         for job in jobs:
             try:
                 if job.search.beam_size == 1:
-                    self._answer(me, job, self.engine.translate_in_worker(job.texts, job.search))
+                    self._answer(me, job, self.engine.translate_in_worker(job.texts, job.search, job.glossary))
                     continue
-                job.protector, sources = self.engine.encode(job.texts)
+                job.protector, sources = self.engine.encode(job.texts, job.glossary)
             except Exception as e:  # the request fails with the reason; the others go on
                 self._fail(me, [job], e)
                 continue

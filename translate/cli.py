@@ -91,6 +91,22 @@ ProtectOpt = Annotated[
         help="Copy placeholders, tags, URLs, paths and numbers verbatim (the checkpoint's decode.protect classes).",
     ),
 ]
+GlossaryOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--glossary",
+        help="A terms.tsv (source term TAB target term, one a line): each term comes out as its target, "
+        "where the model places it (default: the checkpoint's decode.glossary).",
+    ),
+]
+SplitOpt = Annotated[
+    bool,
+    typer.Option(
+        "--split/--no-split",
+        help="Translate each sentence of a line apart and join them (a line may be a paragraph); "
+        "one-sentence lines are translated as they are. --nbest and --scores take whole lines.",
+    ),
+]
 
 
 class _TqdmHandler(logging.Handler):
@@ -227,8 +243,18 @@ def decode(
     dtype: DtypeOpt = "auto",
     quantize: QuantizeOpt = None,
     protect: ProtectOpt = True,
+    glossary: GlossaryOpt = None,
+    split: SplitOpt = True,
+    format: Annotated[
+        Optional[str],
+        typer.Option(
+            "--format",
+            help="text (one paragraph a line), html or markdown (the whole document, its markup kept); "
+            "default: by the extension of --input (.html/.htm, .md/.markdown), else text.",
+        ),
+    ] = None,
 ) -> None:
-    """Translate a text file (or stdin) with greedy (--beam 1) or beam search."""
+    """Translate a text file (or stdin), an HTML or a Markdown document, with greedy (--beam 1) or beam search."""
     from translate.engine import EngineSpec
     from translate.translator import decode_file
 
@@ -236,8 +262,9 @@ def decode(
     spec = EngineSpec(
         checkpoints, device=device, dtype=dtype, quantize=quantize, protect=protect, batch_tokens=batch_tokens,
         workers=workers, beam_size=beam, length_penalty=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest,
+        glossary=str(glossary) if glossary else None,
     )  # fmt: skip
-    decode_file(spec, input, output, with_scores=scores)
+    decode_file(spec, input, output, with_scores=scores, format=format, split=split)
 
 
 @app.command()
@@ -268,6 +295,8 @@ def evaluate(
     dtype: DtypeOpt = "auto",
     quantize: QuantizeOpt = None,
     protect: ProtectOpt = True,
+    glossary: GlossaryOpt = None,
+    split: SplitOpt = True,
 ) -> None:
     """sacreBLEU BLEU and chrF (with signatures) of a checkpoint on --src/--ref, or of --hyp against --ref."""
     from translate.engine import EngineSpec
@@ -276,10 +305,10 @@ def evaluate(
     _keep_freed_memory()
     spec = EngineSpec(
         checkpoints or [], device=device, dtype=dtype, quantize=quantize, protect=protect, batch_tokens=batch_tokens,
-        workers=workers, beam_size=beam, length_penalty=lenpen,
+        workers=workers, beam_size=beam, length_penalty=lenpen, glossary=str(glossary) if glossary else None,
     )  # fmt: skip
     for line in evaluate_files(
-        ref, spec=spec, src=src, hyp=hyp, hyp_b=hyp_b, output=output, json_out=json_out, report=report
+        ref, spec=spec, src=src, hyp=hyp, hyp_b=hyp_b, output=output, json_out=json_out, report=report, split=split
     ):
         typer.echo(line)
 
@@ -313,8 +342,9 @@ def serve(
     dtype: DtypeOpt = "auto",
     quantize: QuantizeOpt = None,
     protect: ProtectOpt = True,
+    glossary: GlossaryOpt = None,
 ) -> None:
-    """HTTP JSON API: POST /translate {"text": ...} or {"texts": [...]}, GET /health (README, Deploying)."""
+    """HTTP JSON API: POST /translate {"text": ...} or {"texts": [...]}, GET /health, and a page to try it at / (README, Deploying)."""
     from translate.engine import EngineSpec
     from translate.serve import serve as run_serve
 
@@ -323,6 +353,7 @@ def serve(
     spec = EngineSpec(
         checkpoints, device=device, dtype=dtype, quantize=quantize, protect=protect, batch_tokens=batch_tokens,
         workers=workers, beam_size=beam, length_penalty=lenpen, limits=limits,
+        glossary=str(glossary) if glossary else None,
     )  # fmt: skip
     run_serve(spec, host=host, port=port, log_text=log_text)
 

@@ -129,6 +129,7 @@ class DecodeConfig:
     max_len_b: int = 10  # SearchOptions.max_len_b, an integer in the config
     batch_tokens: int = 8000  # sentences x beam x longest source (pieces), summed over the batches decoded at once
     protect: list[str] = field(default_factory=lambda: list(PROTECT_CLASSES))  # spans copied verbatim; [] = off
+    glossary: Optional[str] = None  # a terms.tsv (source TAB target) translated one fixed way; --glossary overrides
 
     def search_options(
         self, names: dict[str, str] | None = None, nbest: int = 1, **given: float | None

@@ -26,7 +26,7 @@ from translate.errors import UserError
 from translate.hardware import is_out_of_memory
 from translate.model import Transformer
 from translate.options import SearchOptions, at_least
-from translate.protect import Protector
+from translate.protect import Protector, Terms
 from translate.search import Hypothesis, beam_search
 from translate.textio import Translation
 from translate.tokenizer import EOS, PAD, Tokenizer
@@ -47,6 +47,7 @@ def translate_lines(
     workers: int = 0,
     on_progress: Progress | None = None,
     protect: Sequence[str] = (),
+    glossary: Terms | None = None,
 ) -> Iterator[Translation]:
     """Translate `lines` (an ensemble when several models are given): an iterator that yields, per
     input line and in input order, its `search.nbest` (text, score) pairs, best first (score: log-prob /
@@ -56,7 +57,8 @@ def translate_lines(
     `workers` batches decode at once (0: `decode_workers` chooses), each with an equal share of
     batch_tokens and of torch's threads. The models must already be on `device` (default: the
     first model's). `on_progress(n)` is called as each batch of n lines is done (blank lines too).
-    Spans of the `protect` classes are copied verbatim (translate/protect.py).
+    Spans of the `protect` classes are copied verbatim, the terms of `glossary` come out as their
+    targets (translate/protect.py, translate/glossary.py).
     """
     models = [models] if isinstance(models, torch.nn.Module) else list(models)
     search.check()
@@ -66,7 +68,7 @@ def translate_lines(
     device = torch.device(device) if device is not None else next(models[0].parameters()).device
     workers = workers or decode_workers(device)
     max_pieces = max_source_pieces(models)
-    protector = Protector(protect, tokenizer)
+    protector = Protector(protect, tokenizer, glossary)
     chunks = (arrived_chunks if stream else fixed_chunks)(protector.mask_lines(lines), chunk_lines)
     return protector.restore(
         translation

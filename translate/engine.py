@@ -1,7 +1,8 @@
 """The translation engine: checkpoints loaded once, then lines in, n-best lists out.
 
 An `Engine` owns the models (one, or an ensemble of one vocabulary), the tokenizer, the default
-search options, the protected span classes, the device and precision (set when loading), and how
+search options, the protected span classes, the default glossary (`decode.glossary` or
+--glossary: terms translated one fixed way), the device and precision (set when loading), and how
 the work is shared between its workers (`workers` batches at once, each on an equal share of
 torch's threads and of `batch_tokens`). Every command that translates holds one:
 
@@ -38,11 +39,13 @@ from translate.decoding import (
     share,
     translate_lines,
 )
+from translate.errors import UserError
+from translate.glossary import Glossary, load_glossary
 from translate.hardware import resolve_device
 from translate.inference import load_models
 from translate.model import Transformer
 from translate.options import CLI_NAMES, SearchOptions, ServingLimits, at_least
-from translate.protect import Protector
+from translate.protect import NO_PLACEHOLDERS_FOR_GLOSSARY, Protector, Terms, has_placeholders
 from translate.search import beam_search
 from translate.textio import Translation
 from translate.tokenizer import Tokenizer
@@ -58,11 +61,14 @@ class TranslationEngine(Protocol):
         """Sentences submitted and not yet taken into a search."""
         ...
 
-    def translate(self, lines: Iterable[str], options: SearchOptions | None = None) -> Iterator[Translation]:
-        """Each line's n-best list of (text, score), best first, in input order."""
+    def translate(
+        self, lines: Iterable[str], options: SearchOptions | None = None, *, glossary: Terms | None = None
+    ) -> Iterator[Translation]:
+        """Each line's n-best list of (text, score), best first, in input order; the terms of
+        `glossary` come out as their targets."""
         ...
 
-    def submit(self, texts: list[str], options: SearchOptions | None = None) -> Future:
+    def submit(self, texts: list[str], options: SearchOptions | None = None, glossary: Terms | None = None) -> Future:
         """Queue sentences for continuous batching; the future gets their n-best lists in order.
         batcher.QueueFull at once when they cannot be queued."""
         ...
@@ -96,6 +102,7 @@ class EngineSpec:
     max_len_a: float | None = None
     max_len_b: float | None = None
     nbest: int = 1
+    glossary: str | None = None  # a terms.tsv (None: the first checkpoint's decode.glossary, if any)
     limits: ServingLimits = field(default_factory=ServingLimits)  # for submit
 
     def __post_init__(self) -> None:
@@ -116,6 +123,7 @@ class Engine:
         workers: int = 0,
         threads: int | None = None,
         protect: Sequence[str] = (),
+        glossary: Glossary | None = None,
         limits: ServingLimits = ServingLimits(),
     ) -> None:
         self.models = [models] if isinstance(models, torch.nn.Module) else list(models)
@@ -128,6 +136,9 @@ class Engine:
         self.workers = workers or decode_workers(self.device)
         self.threads = threads or torch.get_num_threads()
         self.protect = tuple(protect)
+        self.glossary = glossary or None  # the terms of a call that gives none
+        if self.glossary and not has_placeholders(tokenizer):
+            raise UserError(NO_PLACEHOLDERS_FOR_GLOSSARY)
         self.limits = limits
         self.max_pieces = max_source_pieces(self.models)
         self._batcher: Batcher | None = None
@@ -156,7 +167,10 @@ class Engine:
         name the command line's options."""
         check_workers(spec.workers)
         device = resolve_device(spec.device)
+        glossary = load_glossary(spec.glossary) if spec.glossary else None  # a bad file: before the models load
         models, tokenizer, cfg = load_models(spec.checkpoints, device, dtype=spec.dtype, quantize=spec.quantize)
+        if glossary is None and cfg.decode.glossary:
+            glossary = load_glossary(cfg.decode.glossary)
         defaults = cfg.decode.search_options(
             CLI_NAMES, spec.nbest, beam_size=spec.beam_size, length_penalty=spec.length_penalty,
             max_len_a=spec.max_len_a, max_len_b=spec.max_len_b,
@@ -165,7 +179,8 @@ class Engine:
         at_least(batch_tokens, 1, CLI_NAMES["batch_tokens"])
         return cls(
             models, tokenizer, defaults, device=device, batch_tokens=batch_tokens, workers=spec.workers,
-            threads=spec.threads, protect=cfg.decode.protect if spec.protect else (), limits=spec.limits,
+            threads=spec.threads, protect=cfg.decode.protect if spec.protect else (), glossary=glossary,
+            limits=spec.limits,
         )  # fmt: skip
 
     # ------------------------------------------------------------------------ shares of the work
@@ -189,28 +204,33 @@ class Engine:
         *,
         stream: bool = False,
         on_progress: Progress | None = None,
+        glossary: Terms | None = None,
     ) -> Iterator[Translation]:
         """Each line's n-best list, in input order, lazily (decoding.translate_lines): `stream`
-        translates whatever lines have arrived (stdin); `on_progress(n)` as n lines are done."""
+        translates whatever lines have arrived (stdin); `on_progress(n)` as n lines are done; the
+        terms of `glossary` come out as their targets."""
         return translate_lines(
             self.models, self.tokenizer, lines, options or self.defaults, batch_tokens=self.batch_tokens,
             device=self.device, stream=stream, workers=self.workers, on_progress=on_progress, protect=self.protect,
+            glossary=glossary or self.glossary,
         )  # fmt: skip
 
-    def translate_in_worker(self, texts: list[str], options: SearchOptions | None = None) -> list[Translation]:
+    def translate_in_worker(
+        self, texts: list[str], options: SearchOptions | None = None, glossary: Terms | None = None
+    ) -> list[Translation]:
         """`translate` on one worker's share (its batch tokens, one batch at a time, the calling
         thread's torch threads): what a decoding thread runs for a greedy request."""
         return list(
             translate_lines(
                 self.models, self.tokenizer, texts, options or self.defaults, batch_tokens=self.worker_tokens,
-                device=self.device, workers=1, protect=self.protect,
+                device=self.device, workers=1, protect=self.protect, glossary=glossary or self.glossary,
             )
         )  # fmt: skip
 
-    def encode(self, lines: list[str]) -> tuple[Protector, list[list[int] | None]]:
-        """The lines' protected spans masked (the Protector restores them in the translations) and
-        each line's source ids, cut to the models' capacity; None for a blank line."""
-        protector = Protector(self.protect, self.tokenizer)
+    def encode(self, lines: list[str], glossary: Terms | None = None) -> tuple[Protector, list[list[int] | None]]:
+        """The lines' protected spans and glossary terms masked (the Protector restores them in the
+        translations) and each line's source ids, cut to the models' capacity; None for a blank line."""
+        protector = Protector(self.protect, self.tokenizer, glossary or self.glossary)
         return protector, encode_sources(self.tokenizer, list(protector.mask_lines(lines)), self.max_pieces)
 
     def best_tokens(self, text: str, options: SearchOptions | None = None) -> list[int]:
@@ -226,11 +246,11 @@ class Engine:
     def queued(self) -> int:
         return self._batcher.queued if self._batcher else 0
 
-    def submit(self, texts: list[str], options: SearchOptions | None = None) -> Future:
+    def submit(self, texts: list[str], options: SearchOptions | None = None, glossary: Terms | None = None) -> Future:
         """Queue sentences for the decoding threads (started on first use); see TranslationEngine."""
         if self._batcher is None:
             self.start()
-        return self._batcher.submit(texts, options or self.defaults)  # type: ignore[union-attr]
+        return self._batcher.submit(texts, options or self.defaults, glossary)  # type: ignore[union-attr]
 
     def start(self) -> None:
         """Start `workers` decoding threads that batch continuously (batcher.Batcher)."""

@@ -32,6 +32,7 @@ from translate.errors import UserError
 from translate.hardware import resolve_device
 from translate.inference import keep_freed_memory
 from translate.options import SearchOptions
+from translate.protect import Terms
 from translate.textio import Translation
 
 log = logging.getLogger("translate")
@@ -102,14 +103,16 @@ class ProcessEngine:
             if not reader.is_alive():
                 reader.start()
 
-    def translate(self, lines: Iterable[str], options: SearchOptions | None = None) -> Iterator[Translation]:
+    def translate(
+        self, lines: Iterable[str], options: SearchOptions | None = None, *, glossary: Terms | None = None
+    ) -> Iterator[Translation]:
         """The lines in requests of up to max_queue sentences, one after the other."""
         self.start()
         lines = list(lines)
         for i in range(0, len(lines), self.max_queue):
-            yield from self.submit(lines[i : i + self.max_queue], options).result()
+            yield from self.submit(lines[i : i + self.max_queue], options, glossary).result()
 
-    def submit(self, texts: list[str], options: SearchOptions | None = None) -> Future:
+    def submit(self, texts: list[str], options: SearchOptions | None = None, glossary: Terms | None = None) -> Future:
         """Send sentences to a process; QueueFull when the queue cannot take them."""
         future: Future = Future()
         future.set_running_or_notify_cancel()  # it is decoded even if its client goes: not cancellable
@@ -121,7 +124,7 @@ class ProcessEngine:
             while self.alive:
                 worker = min(self.alive, key=lambda i: (self.outstanding[i], i))
                 try:
-                    self.conns[worker].send(("job", self.next_id + 1, texts, options or self.defaults))
+                    self.conns[worker].send(("job", self.next_id + 1, texts, options or self.defaults, glossary))
                     break
                 except OSError:  # it has just ended (its reader fails what it held)
                     self.alive.discard(worker)
@@ -235,7 +238,7 @@ def decoding_process(conn, spec: EngineSpec) -> None:
         if message[0] == "hurry":
             batcher.hurry()
             continue
-        _, id, texts, options = message
-        batcher.submit(texts, options).add_done_callback(lambda future, id=id: answer(id, future))
+        _, id, texts, options, glossary = message
+        batcher.submit(texts, options, glossary).add_done_callback(lambda future, id=id: answer(id, future))
     batcher.stop()
     send(("stopped",))

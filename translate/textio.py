@@ -1,7 +1,8 @@
 """Text files in and out: the one home of line reading, output-path checks and atomic writes.
 
 `read_lines` reads a UTF-8 file (or stdin for the string "-") lazily, line ends and a leading BOM
-dropped; `read_all_lines` is the same as a list that must not be empty. `check_output_path` is
+dropped; `read_all_lines` is the same as a list that must not be empty; `read_text` reads a
+whole document as it is. `check_output_path` is
 the one check of a file the user asked us to write; `atomic_write` writes it under a temporary
 name renamed at the end, so an error never leaves a half-written file. `write_translations`,
 `write_json` and `write_text` are the writers the commands use.
@@ -48,12 +49,15 @@ def read_lines(path: str | Path = "-", what: str = "input") -> Iterator[str]:
     UserError naming the file (and line); `what` names the file's role in the message."""
     if isinstance(path, str) and path == "-":
         return text_lines(_stdin(), "<stdin>")
-    path = Path(path)
+    return text_lines(_open(Path(path), what), str(path))
+
+
+def _open(path: Path, what: str) -> IO[bytes]:
     if not path.exists():
         raise UserError(f"{what} file not found: {path}")
     if path.is_dir():
         raise UserError(f"{what} file {path} is a directory; give a text file")
-    return text_lines(path.open("rb"), str(path))
+    return path.open("rb")
 
 
 def read_all_lines(path: str | Path, what: str) -> list[str]:
@@ -62,6 +66,23 @@ def read_all_lines(path: str | Path, what: str) -> list[str]:
     if not lines:
         raise UserError(f"{what} file {path} is empty: nothing to score")
     return lines
+
+
+def read_text(path: str | Path = "-", what: str = "input") -> str:
+    """A whole UTF-8 file (or stdin for the string "-") as it is, line ends included (a document:
+    HTML, Markdown), a leading BOM dropped; the same errors as read_lines."""
+    if isinstance(path, str) and path == "-":
+        f, name = _stdin(), "<stdin>"
+    else:
+        f, name = _open(Path(path), what), str(path)
+    with f:
+        raw = f.read()
+    try:
+        return raw.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise UserError(f"{name}:{line}: not UTF-8 (byte {raw[e.start]:#04x} at column {column})") from None
 
 
 def _stdin() -> IO[bytes]:

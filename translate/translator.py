@@ -1,6 +1,12 @@
 """The bodies of the decoding commands: `decode` (a file or stdin to a file or stdout),
 `evaluate`'s translation and scoring, `attention`. Each holds one engine (engine.py), loaded
-from the command's EngineSpec; files are read and written by textio.py."""
+from the command's EngineSpec; files are read and written by textio.py.
+
+What a command translates is text as people have it (`translate_texts`): a line may be a
+paragraph, split into sentences that are translated in the same batches and joined back
+(segment.py; one-sentence lines are translated as they are), or a whole HTML or Markdown
+document (documents.py). The n-best lists and scores of `--nbest`/`--scores` are those of
+whole lines, one sentence a line."""
 
 from __future__ import annotations
 
@@ -11,26 +17,110 @@ from pathlib import Path
 from typing import Literal
 
 from translate.decoding import check_workers
-from translate.engine import Engine, EngineSpec, first_best
+from translate.documents import format_of, translate_document
+from translate.engine import Engine, EngineSpec, TranslationEngine, first_best
 from translate.errors import UserError
-from translate.textio import check_output_path, read_all_lines, read_lines, write_json, write_translations
+from translate.options import SearchOptions
+from translate.protect import Terms
+from translate.segment import translate_paragraphs
+from translate.textio import (
+    atomic_write,
+    check_output_path,
+    read_all_lines,
+    read_lines,
+    read_text,
+    write_json,
+    write_translations,
+)
+
+
+def sentence_budget(engine: TranslationEngine) -> dict:
+    """How segment.py cuts a sentence too long for the models: their source positions, counted in
+    the engine's pieces (nothing where the engine's tokenizer is in other processes)."""
+    if not isinstance(engine, Engine):
+        return {}
+    tokenizer = engine.tokenizer
+    return {"max_tokens": engine.max_pieces, "count_tokens": lambda s: len(tokenizer.encode([s])[0])}
+
+
+def translate_texts(
+    engine: TranslationEngine,
+    texts: list[str],
+    options: SearchOptions | None = None,
+    *,
+    format: str = "text",
+    split: bool = True,
+    glossary: Terms | None = None,
+    progress: bool = False,
+) -> list[str]:
+    """The 1-best translation of each text: a document in `format`, or a line of text (with
+    `split`, each of its sentences translated, all in one call of the engine); `progress`: a bar
+    over the sentences on a terminal."""
+
+    def translate_batch(sentences: list[str]) -> list[str]:
+        with progress_bar(lambda: len(sentences)) if progress else nullcontext() as update:
+            return first_best(engine.translate(sentences, options, glossary=glossary, on_progress=update))
+
+    if format != "text":
+        return [translate_document(text, format, translate_batch, **sentence_budget(engine)) for text in texts]
+    if split:
+        return translate_paragraphs(texts, translate_batch, **sentence_budget(engine))
+    return translate_batch(texts)
 
 
 def decode_file(
-    spec: EngineSpec, input: str | Path = "-", output: str | Path = "-", *, with_scores: bool = False
+    spec: EngineSpec,
+    input: str | Path = "-",
+    output: str | Path = "-",
+    *,
+    with_scores: bool = False,
+    format: str | None = None,
+    split: bool = True,
 ) -> int:
     """`translate decode`: a file (or stdin, translated line by line as it arrives) to a file or
-    stdout; spec.nbest lines per input line, TSV with_scores. Returns the input line count."""
+    stdout; spec.nbest lines per input line, TSV with_scores; `format` (default: by the input's
+    extension) html or markdown: the whole document. Returns the input line count."""
     check_workers(spec.workers)
+    format = format_of(input, format) if str(input) != "-" or format else "text"
+    whole_lines = spec.nbest > 1 or with_scores
+    if format != "text" and whole_lines:
+        raise UserError(f"--nbest and --scores give one line per input line: not with --format {format}")
     if str(input) != "-" and str(output) != "-" and Path(input).resolve() == Path(output).resolve():
         raise UserError(f"--output {output} is the input file; choose another file")
     if str(output) != "-":
         check_output_path(output, "--output", spec.checkpoints)
+    if format != "text":
+        return decode_document(spec, input, output, format)
     lines = read_lines(input)
     engine = Engine.load(spec)
+    if split and not whole_lines:
+        return write_translations(paragraphs(engine, lines, stream=str(input) == "-"), output)
     with progress_bar(lambda: count_lines(input)) if str(input) != "-" else nullcontext() as update:
         translations = engine.translate(lines, stream=str(input) == "-", on_progress=update)
         return write_translations(translations, output, nbest_format="tsv" if with_scores else "text")
+
+
+def paragraphs(engine: Engine, lines: Iterator[str], stream: bool) -> Iterator[list[tuple[str, float]]]:
+    """Each line's translation, its sentences translated apart (as 1-best lists): from stdin a
+    line at a time as it arrives, from a file all lines in the same batches."""
+    chunks = ([line] for line in lines) if stream else [list(lines)]
+    for chunk in chunks:
+        for text in translate_texts(engine, chunk, progress=not stream):
+            yield [(text, 0.0)]
+
+
+def decode_document(spec: EngineSpec, input: str | Path, output: str | Path, format: str) -> int:
+    """An HTML or Markdown document, read whole, translated with its markup kept; returns its line count."""
+    text = read_text(input, "--input")
+    engine = Engine.load(spec)
+    (translated,) = translate_texts(engine, [text], format=format, progress=str(input) != "-")
+    if str(output) == "-":
+        sys.stdout.write(translated)
+        sys.stdout.flush()
+    else:
+        with atomic_write(output) as f:
+            f.write(translated)
+    return text.count("\n") + (not text.endswith("\n"))
 
 
 @contextmanager
@@ -51,12 +141,14 @@ def count_lines(path: str | Path) -> int:
         return sum(1 for _ in f)
 
 
-def translate_file_lines(spec: EngineSpec, sources: list[str], output: str | Path | None = None) -> list[str]:
-    """`translate evaluate`: the 1-best translation of each source line (also written to `output`)."""
+def translate_file_lines(
+    spec: EngineSpec, sources: list[str], output: str | Path | None = None, split: bool = True
+) -> list[str]:
+    """`translate evaluate`: the 1-best translation of each source line (also written to `output`);
+    `split`: a line's sentences translated apart."""
     check_workers(spec.workers)
     engine = Engine.load(spec)
-    with progress_bar(lambda: len(sources)) as update:
-        hypotheses = first_best(engine.translate(sources, on_progress=update))
+    hypotheses = translate_texts(engine, sources, split=split, progress=True)
     if output is not None:
         write_translations([[(h, 0.0)] for h in hypotheses], output)
     return hypotheses
@@ -72,6 +164,7 @@ def evaluate_files(
     output: Path | None = None,
     json_out: Path | None = None,
     report: Path | None = None,
+    split: bool = True,
 ) -> list[str]:
     """`translate evaluate`: score `hyp`, or the translation of `src` by the engine of `spec`,
     against `ref`; `hyp_b` too, side by side. Writes --json and --report; returns the lines to
@@ -85,7 +178,7 @@ def evaluate_files(
             check_output_path(path, option, [ref, src, hyp, hyp_b, *checkpoints])
     references, sources, hypotheses, hypotheses_b = _evaluation_inputs(ref, checkpoints, src, hyp, hyp_b)
     if hypotheses is None:
-        hypotheses = translate_file_lines(spec, sources, output=output)  # type: ignore[arg-type]
+        hypotheses = translate_file_lines(spec, sources, output=output, split=split)  # type: ignore[arg-type]
     scores = [score(hypotheses, references)]
     printed = [format_scores(scores[0])]
     if json_out:
