@@ -44,6 +44,7 @@ from pathlib import Path
 
 from translate.config import SearchOptions
 from translate.errors import UserError
+from translate.page import index
 
 log = logging.getLogger("translate")
 
@@ -601,7 +602,11 @@ def create_app(
         return error(exc.status_code, exc.detail)
 
     app = Starlette(
-        routes=[Route("/translate", translate, methods=["POST"]), Route("/health", health, methods=["GET"])],
+        routes=[
+            Route("/translate", translate, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/", index, methods=["GET"]),
+        ],
         exception_handlers={HTTPException: http_error},
     )
     app.state.answered = lambda: answered
