@@ -19,7 +19,7 @@ ORDER = [
     # training
     "rundir", "optim", "trainstate", "trainlog", "validation", "train",
     # front ends
-    "serve", "cli", "__main__",
+    "page", "serve", "cli", "__main__",
 ]  # fmt: skip
 
 

@@ -8,7 +8,7 @@ from html.parser import HTMLParser
 import pytest
 from conftest import FIXTURES
 
-from translate.documents import format_of, translate_document
+from translate.documents import format_of, format_of_request, translate_document
 from translate.errors import UserError
 from translate.html_document import ATTRIBUTES, translate_html
 from translate.markdown_document import _parser, translate_markdown
@@ -290,3 +290,14 @@ def test_random_documents_keep_their_trees(model):
         assert md_shape(out) == md_shape(readme), (readme, out)
         if model is upper:
             assert not any(untranslated(t) for t in md_texts(out))
+
+
+@pytest.mark.parametrize(
+    "value, shown",
+    [("pdf", '"pdf"'), ("HTML", '"HTML"'), (None, "null"), (3, "3"), (["html"], "a list"), ({}, "an object")],
+)
+def test_a_request_format_is_one_of_three(value, shown):
+    assert [format_of_request(f) for f in ("text", "html", "markdown")] == ["text", "html", "markdown"]
+    with pytest.raises(ValueError) as e:
+        format_of_request(value)
+    assert str(e.value) == f'"format" must be one of "text", "html", "markdown", got {shown}'

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from translate.errors import UserError
-from translate.glossary import Glossary, load_glossary, parse_glossary
+from translate.glossary import Glossary, glossary_of_request, load_glossary, parse_glossary
 from translate.protect import CLASSES, PLACEHOLDER, Protector, find_spans, mask, protected
 
 TERMS = [
@@ -68,6 +68,29 @@ def test_load_glossary_errors_name_the_file(tmp_path):
     good = tmp_path / "terms.tsv"
     good.write_text("\ufeffcloud\tnuage\r\n", encoding="utf-8")
     assert load_glossary(good).entries == {"cloud": "nuage"}
+
+
+def test_a_request_glossary_is_read_as_a_file_is():
+    assert glossary_of_request({" pull  request ": "demande de fusion", "Cloud": "Nuage", "cloud": "nuage"}) == (
+        parse_glossary(["pull request\tdemande de fusion", "Cloud\tNuage", "cloud\tnuage"], "terms.tsv")
+    )
+    assert not glossary_of_request({})
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (["cloud", "nuage"], '"glossary" must be an object of source term -> target term (strings)'),
+        ({"cloud": 3}, '"glossary" must be an object of source term -> target term (strings)'),
+        ({" ": "nuage"}, '"glossary": a source term is empty'),
+        ({"cloud": " "}, "\"glossary\": the target of 'cloud' is empty"),
+        ({"cloud": "nuage", "cloud ": "nue"}, "\"glossary\": 'cloud ' is given two targets, 'nuage' and 'nue'"),
+    ],
+)
+def test_a_bad_request_glossary_is_one_line(value, message):
+    with pytest.raises(ValueError) as e:
+        glossary_of_request(value)
+    assert str(e.value) == message
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,29 @@ def test_sentences_of_english_prose(text, n):
     assert all(s == s.strip() and s for s in sentences)
 
 
+# Quotations do not hold their sentences together (a quotation of several sentences, or one
+# whose other mark is outside the line, would merge everything between two marks), and the
+# English sentence ends the segmenter takes for abbreviations ("me." is Maine's, "I." an initial).
+QUOTED = [
+    ('me." When she saw it, she stopped. Is this Naomi? She said, "Don\'t call me Naomi.',
+     ['me."', "When she saw it, she stopped.", "Is this Naomi?", 'She said, "Don\'t call me Naomi.']),
+    ('He said, "Wait. I come." And so.', ['He said, "Wait.', 'I come."', "And so."]),
+    ("It ended. \"Go now,\" he said. \u00abBon.\u00bb \u201cFin.\u201d", ["It ended.", '"Go now," he said.', "\u00abBon.\u00bb", "\u201cFin.\u201d"]),
+    ("He said, 'Hello there. How are you?' and left.", ["He said, 'Hello there.", "How are you?' and left."]),
+    ('He asked "Why?" and she said "Because." Then.', ['He asked "Why?" and she said "Because."', "Then."]),
+    ("They follow me. I give them life. Stay with me. Father, go.", ["They follow me.", "I give them life.", "Stay with me.", "Father, go."]),
+    ("One is nearer than I. Stay here. John I. Smith and J. I. Packer came.", ["One is nearer than I.", "Stay here.", "John I. Smith and J. I. Packer came."]),
+    ("Smith et al. Found it. Cats vs. Dogs is on. Don't go.", ["Smith et al. Found it.", "Cats vs. Dogs is on.", "Don't go."]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("text,expected", QUOTED)
+def test_quotations_and_missed_sentence_ends(text, expected):
+    sentences, gaps = split_sentences(text)
+    assert sentences == expected
+    assert join_sentences(sentences, gaps) == text
+
+
 @pytest.mark.parametrize(
     "text", ["  First.  Second.\tThird.  ", "", "   ", "x", "Hello.\ue001 Next one.", "a.b. C", 'Stop."Go on." Now.']
 )

@@ -4,6 +4,7 @@ markdown_document.py)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -25,6 +26,15 @@ def format_of(path: str | Path, format: str | None = None) -> str:
             raise UserError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
         return format
     return EXTENSIONS.get(Path(str(path)).suffix.lower(), "text")
+
+
+def format_of_request(value: object) -> str:
+    """A request's `"format"` field (serve), checked: ValueError with a one-line message (the
+    server's 400) for anything but one of FORMATS."""
+    if not isinstance(value, str) or value not in FORMATS:
+        shown = {dict: "an object", list: "a list"}.get(type(value)) or json.dumps(value, ensure_ascii=False)
+        raise ValueError(f'"format" must be one of {", ".join(map(json.dumps, FORMATS))}, got {shown}')
+    return value
 
 
 def translate_document(text: str, format: str, translate_batch: Callable[[list[str]], list[str]], **split) -> str:

@@ -101,6 +101,26 @@ def parse_glossary(lines: Iterable[str], name: str) -> Glossary:
     return Glossary(entries)
 
 
+def glossary_of_request(value: object) -> Glossary:
+    """The glossary of a request's `"glossary"` field (serve): a JSON object of source term ->
+    target term, read by the rules of a file (spaces around and inside a term normalised, a
+    lower-case term folded); ValueError with a one-line message (the server's 400) otherwise."""
+    if not isinstance(value, dict) or not all(isinstance(t, str) for t in value.values()):
+        raise ValueError('"glossary" must be an object of source term -> target term (strings)')
+    entries: dict[str, str] = {}
+    for term, target in value.items():
+        source, target = " ".join(term.split()), " ".join(target.split())
+        if not source:
+            raise ValueError('"glossary": a source term is empty')
+        if not target:
+            raise ValueError(f'"glossary": the target of {term!r} is empty')
+        key = source if source != source.lower() else source.lower()
+        if key in entries and entries[key] != target:
+            raise ValueError(f'"glossary": {term!r} is given two targets, {entries[key]!r} and {target!r}')
+        entries[key] = target
+    return Glossary(entries)
+
+
 def load_glossary(path: str | Path) -> Glossary:
     """The glossary of a `terms.tsv` file; a missing or malformed file is a UserError."""
     return parse_glossary(read_lines(Path(path), "glossary"), str(path))

@@ -10,8 +10,18 @@ The segmenter is `sentencex` (Wikimedia, MIT, a Rust core, maintained): on Engli
 agrees with pysbd on abbreviations ("Mr.", "Dr.", "e.g.", "p.m.", "U.S."), numbers ("3.5",
 "1.2.3"), quotes and Bible verses, keeps URLs whole where pysbd cuts them at "?", runs about
 1000 times faster, and returns pieces whose concatenation is the text, so no whitespace is lost.
-pysbd has had no release since 2021. On top of it, two rules:
+pysbd has had no release since 2021. On top of it, these rules:
 
+- quotation marks do not hold sentences together: sentencex never cuts between a pair of them,
+  and a quotation of several sentences, or one opened before the line (a verse that goes on a
+  quotation of the one before), made everything up to the next mark one sentence; it is given
+  the text with its quotation marks (not an apostrophe within a word) hidden, the cuts are put
+  back before an opening mark and after a closing one, and a cut after a quotation followed by
+  a lower-case word (`"Why?" she asked.`) is dropped;
+- English sentence ends that sentencex takes for abbreviations are cut too: a lower-case word
+  of two letters or more (but a few lower-case abbreviations: `et al.`, `vs.`, `fig.` ...) or
+  "I" after one, then `.`, `?` or `!`, then a capital (`follow me. I give`: "me." is Maine's
+  abbreviation to it; `nearer than I. Stay`: "I." an initial);
 - a sentence ends at whitespace: a cut the segmenter makes between a full stop and the next
   non-space character (`word.</b> Next`, `"Go."Then`) moves to the following whitespace, and a
   cut inside a protected span (a URL, an e-mail address, a number: translate/protect.py) is
@@ -35,26 +45,54 @@ from translate.protect import find_spans
 
 _SPACE = re.compile(r"\s+")
 _CLAUSE = re.compile(r"[,;:\u2013\u2014](?=\s)|\s[-\u2013\u2014](?=\s)")
+# Quotation marks, hidden from the segmenter (an apostrophe within a word is not one)
+_QUOTE = re.compile(r"(?<!\w)['\u2019]|['\u2019](?!\w)|[\"\u00ab\u00bb\u2018\u201a-\u201f\u2039\u203a\u300a-\u300d]")
+_FIRST_LETTER = re.compile(r"[^\W\d_]")
+# English sentence ends the segmenter misses: after a lower-case word (not an abbreviation of
+# these) or "I" after one, a full stop, ? or !, and a capital: "... follow me. I give ...",
+# "... with me. Father ...", "... nearer than I. Stay ..." (group 1: the whitespace after it)
+_LOWER_ABBREVIATIONS = (
+    "al approx ca cf ch cit dept ed eds esp est fig figs ibid incl no nos op pp resp sec viz vol vols vs"
+)
+_MISSED_END = re.compile(
+    rf"(?<![^\W\d_])(?!(?:{'|'.join(_LOWER_ABBREVIATIONS.split())})[.])(?:[a-z]{{2,}}|[a-z]+ I)[.!?]"
+    r"['\"\u2019\u201d)\]]*(\s+)(?=['\"\u2018\u201c(\[]*[A-Z])"
+)
 
 
 def sentence_cuts(text: str, language: str = "en") -> list[int]:
     """Offsets at which `text` is cut into sentences (each cut after the whitespace that ends a
     sentence); [] for one sentence."""
-    pieces = list(sentencex.segment(language, text))
-    if "".join(pieces) != text:  # never expected: then the line is one sentence
+    unquoted = _QUOTE.sub(" ", text)  # one character for one: the offsets are the text's
+    pieces = list(sentencex.segment(language, unquoted))
+    if "".join(pieces) != unquoted:  # never expected: then the line is one sentence
         return []
-    spans = find_spans(text)
-    cuts, offset = [], 0
+    found = []  # (where the segmenter's sentence ends, the whitespace after it)
+    offset = 0
     for piece in pieces[:-1]:
         offset += len(piece)
-        cut = offset
-        if not text[cut - 1].isspace():
-            space = _SPACE.search(text, cut)
+        found.append((offset, range(offset - (len(piece) - len(piece.rstrip())), offset)))
+    if language == "en":
+        found += [(m.start(1), range(m.start(1), m.end(1))) for m in _MISSED_END.finditer(text)]
+    spans = find_spans(text)
+    cuts = []
+    for offset, blank in sorted(found, key=lambda f: f[0]):
+        # the blank may hold quotation marks: a closing one stays with this sentence, an opening
+        # one goes with the next (the cut is after the blank's last real whitespace)
+        if spaces := [i for i in blank if text[i].isspace()]:
+            cut = spaces[-1] + 1
+        elif not text[offset - 1].isspace():
+            space = _SPACE.search(text, offset)
             if space is None:
                 continue
             cut = space.end()
+        else:
+            cut = offset
         if any(s.start < offset < s.end for s in spans) or (cuts and cut <= cuts[-1]) or cut >= len(text):
             continue
+        if _QUOTE.search(text, blank.start, cut) and (start := _FIRST_LETTER.search(text, cut)):
+            if start.group().islower():  # `"Why?" she asked.`: the quotation goes on the sentence
+                continue
         cuts.append(cut)
     return cuts
 

@@ -1,9 +1,12 @@
 """`translate serve`: an engine behind an HTTP JSON API (Starlette on uvicorn).
 
-    POST /translate  {"text": "..."} or {"texts": [...]}, optional beam_size, length_penalty, nbest
+    POST /translate  {"text": "..."} or {"texts": [...]}, optional beam_size, length_penalty, nbest,
+                     format ("text", "html", "markdown"), glossary ({"source term": "target term"}),
+                     split (true: a text's sentences translated apart)
                      -> {"translation": "..."} or {"translations": [...]} in input order; with
-                     nbest, a list per sentence (best first) and "scores" of the same shape
+                     nbest, a list per text (best first) and "scores" of the same shape
     GET  /health     -> {"status": "ok", ...}
+    GET  /           -> a page to try it (page.py)
 
 This module is the HTTP layer only: requests are parsed and checked on the event loop, then
 handed to the engine's `submit` (`pool.open_engine`: decoding processes on a CPU, threads on a
@@ -24,17 +27,40 @@ import logging
 import signal
 import socket
 import time
+from dataclasses import dataclass
 
 from translate.batcher import QueueFull
 from translate.decoding import check_workers
+from translate.documents import format_of_request
 from translate.engine import EngineSpec, TranslationEngine, first_best
 from translate.errors import UserError
+from translate.glossary import Glossary, glossary_of_request
 from translate.options import SearchOptions, ServingLimits
+from translate.page import index
 from translate.pool import DecodingFailed, open_engine, resolve_spec
+from translate.translator import translate_texts
 
 log = logging.getLogger("translate")
 
-FIELDS = ("text", "texts", "beam_size", "length_penalty", "nbest")
+FIELDS = ("text", "texts", "beam_size", "length_penalty", "nbest", "format", "glossary", "split")
+
+
+@dataclass(frozen=True)
+class TranslateRequest:
+    """A /translate body, checked."""
+
+    texts: list[str]
+    single: bool  # one "text" was given
+    search: SearchOptions
+    with_nbest: bool  # "nbest" was given: the answer has a list per text and scores
+    format: str = "text"  # text | html | markdown (documents.py)
+    split: bool = True  # a text's sentences translated apart (format text, nbest 1)
+    glossary: Glossary | None = None
+
+    @property
+    def whole(self) -> bool:
+        """Each text translated as one sentence by the engine (no splitting, no document)."""
+        return self.format == "text" and (not self.split or self.search.nbest > 1)
 
 
 class RequestError(Exception):
@@ -45,11 +71,8 @@ class RequestError(Exception):
         self.status = status
 
 
-def parse_request(
-    body: bytes, defaults: SearchOptions, limits: ServingLimits
-) -> tuple[list[str], bool, SearchOptions, bool]:
-    """A /translate body -> (sentences, whether one "text" was given, search options, whether
-    nbest was given); RequestError 400 (malformed) or 413 (too many sentences)."""
+def parse_request(body: bytes, defaults: SearchOptions, limits: ServingLimits) -> TranslateRequest:
+    """A /translate body, checked: RequestError 400 (malformed) or 413 (too many texts)."""
     if not body.strip():
         raise RequestError(400, 'empty body: send a JSON object such as {"text": "Hello."}')
     try:
@@ -87,7 +110,17 @@ def parse_request(
             400, f'"nbest" must be an integer from 1 to the beam size ({beam_size}), got {json.dumps(nbest)}'
         )
     search = defaults.given(beam_size=beam_size, length_penalty=float(length_penalty), nbest=nbest)
-    return texts, single, search, "nbest" in request
+    try:
+        format = format_of_request(request.get("format", "text"))
+        glossary = glossary_of_request(request["glossary"]) if "glossary" in request else None
+    except ValueError as e:
+        raise RequestError(400, str(e)) from None
+    split = request.get("split", True)
+    if not isinstance(split, bool):
+        raise RequestError(400, f'"split" must be true or false, got {json.dumps(split)}')
+    if format != "text" and nbest > 1:
+        raise RequestError(400, f'"nbest" above 1 gives a list per sentence: not with "format": "{format}"')
+    return TranslateRequest(texts, single, search, "nbest" in request, format, split, glossary)
 
 
 def _is_int(value: object) -> bool:
@@ -143,8 +176,16 @@ def create_app(engine: TranslationEngine, limits: ServingLimits, *, log_text: bo
         try:
             body = await read_body(request, limits.max_request_bytes)
             size = len(body)
-            texts, single, search, with_nbest = parse_request(body, engine.defaults, limits)
-            translations = await asyncio.wrap_future(engine.submit(texts, search))
+            r = parse_request(body, engine.defaults, limits)
+            texts = r.texts
+            if r.whole:
+                translations = await asyncio.wrap_future(engine.submit(texts, r.search, r.glossary))
+            else:  # paragraphs and documents: their sentences submitted from a thread, joined back
+                out = await asyncio.to_thread(
+                    translate_texts, engine, texts, r.search, format=r.format, split=r.split, glossary=r.glossary,
+                    submit=True,
+                )  # fmt: skip
+                translations = [[(text, 0.0)] for text in out]
         except RequestError as e:
             status, response = e.status, error(e.status, str(e))
         except QueueFull as e:
@@ -152,7 +193,7 @@ def create_app(engine: TranslationEngine, limits: ServingLimits, *, log_text: bo
         except Exception as e:  # a fault in decoding: reported, the server goes on
             status, response = 500, error(500, str(e) if isinstance(e, DecodingFailed) else f"{type(e).__name__}: {e}")
         else:
-            response = JSONResponse(answer(translations, single, with_nbest))
+            response = JSONResponse(answer(translations, r.single, r.with_nbest))
             answered += 1
         line = f"POST /translate {status} {len(texts)} sentences {size} bytes {1000 * (time.perf_counter() - start):.1f} ms"
         if log_text and texts:
@@ -167,7 +208,11 @@ def create_app(engine: TranslationEngine, limits: ServingLimits, *, log_text: bo
         return error(exc.status_code, exc.detail)
 
     app = Starlette(
-        routes=[Route("/translate", translate, methods=["POST"]), Route("/health", health, methods=["GET"])],
+        routes=[
+            Route("/translate", translate, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/", index, methods=["GET"]),
+        ],
         exception_handlers={HTTPException: http_error},
     )
     app.state.answered = lambda: answered

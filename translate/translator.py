@@ -52,12 +52,17 @@ def translate_texts(
     split: bool = True,
     glossary: Terms | None = None,
     progress: bool = False,
+    submit: bool = False,
 ) -> list[str]:
     """The 1-best translation of each text: a document in `format`, or a line of text (with
     `split`, each of its sentences translated, all in one call of the engine); `progress`: a bar
-    over the sentences on a terminal."""
+    over the sentences on a terminal; `submit`: through the engine's continuous batching (serve)."""
 
     def translate_batch(sentences: list[str]) -> list[str]:
+        if not sentences:
+            return []
+        if submit:
+            return first_best(engine.submit(sentences, options, glossary).result())
         with progress_bar(lambda: len(sentences)) if progress else nullcontext() as update:
             return first_best(engine.translate(sentences, options, glossary=glossary, on_progress=update))
 
