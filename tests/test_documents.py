@@ -301,3 +301,27 @@ def test_a_request_format_is_one_of_three(value, shown):
     with pytest.raises(ValueError) as e:
         format_of_request(value)
     assert str(e.value) == f'"format" must be one of "text", "html", "markdown", got {shown}'
+
+
+def test_decode_translates_documents_from_the_command_line(trained_run, tmp_path, monkeypatch, capsys):
+    """`translate decode -i page.html` (the format from the extension) and `--format markdown`
+    from stdin: the trees are kept; --nbest with a document is one error line."""
+    import io
+    import sys
+
+    from conftest import run_main
+
+    run, _ = trained_run
+    ckpt = run / "checkpoints" / "last.pt"
+    page = tmp_path / "page.html"
+    page.write_text(HTML, encoding="utf-8")
+    code, _, err = run_main(monkeypatch, capsys, "decode", ckpt, "-i", page, "-o", tmp_path / "page.fr.html")
+    assert code in (0, None), err
+    out = (tmp_path / "page.fr.html").read_text(encoding="utf-8")
+    assert shape(Tree(out).root) == shape(Tree(HTML).root) and out != HTML
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(MARKDOWN.encode("utf-8"))))
+    code, out, err = run_main(monkeypatch, capsys, "decode", ckpt, "--format", "markdown")
+    assert code in (0, None), err
+    assert md_shape(out) == md_shape(MARKDOWN) and out != MARKDOWN
+    code, _, err = run_main(monkeypatch, capsys, "decode", ckpt, "-i", page, "--nbest", "2", "--beam", "2")
+    assert code == 2 and "not with --format html" in err

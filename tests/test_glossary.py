@@ -196,3 +196,40 @@ def test_a_real_model_outputs_every_term_as_its_target_exactly_once(trained_run)
         terms += len(targets)
         found += sum(output.count(t) >= targets.count(t) for t in targets)
     assert terms >= 15 and found == terms
+
+
+def test_decode_with_a_glossary_from_the_command_line(trained_run, tmp_path, monkeypatch, capsys):
+    """`translate decode --glossary`: an empty glossary changes no byte of the test split's
+    translation; a glossary's terms come out as their targets."""
+    from conftest import FIXTURES, run_main
+
+    run, _ = trained_run
+    ckpt = run / "checkpoints" / "last.pt"
+    empty = tmp_path / "empty.tsv"
+    empty.write_text("# no terms yet\n", encoding="utf-8")
+    for name, extra in (("plain", []), ("empty", ["--glossary", empty])):
+        code, _, err = run_main(
+            monkeypatch, capsys, "decode", ckpt, "-i", FIXTURES / "bible.test.en", "-o", tmp_path / f"{name}.fr", *extra
+        )
+        assert code in (0, None), err
+    assert (tmp_path / "empty.fr").read_bytes() == (tmp_path / "plain.fr").read_bytes()
+
+    terms, sentences = FIXTURES / "glossary" / "terms.tsv", FIXTURES / "glossary" / "sentences.en"
+    code, _, err = run_main(monkeypatch, capsys, "decode", ckpt, "-i", sentences, "-o", tmp_path / "t.fr", "--glossary", terms)
+    assert code in (0, None), err
+    glossary, protect = load_glossary(terms), load_checkpoint_protect(ckpt)
+    outputs = (tmp_path / "t.fr").read_text(encoding="utf-8").splitlines()
+    found = total = 0
+    for sentence, output in zip(sentences.read_text(encoding="utf-8").splitlines(), outputs, strict=True):
+        targets = [s.output for s in find_spans(sentence, protect, glossary) if s.kind == "term"]
+        total += len(targets)
+        found += sum(output.count(t) >= targets.count(t) for t in targets)
+    assert total >= 15 and found == total
+    code, _, err = run_main(monkeypatch, capsys, "decode", ckpt, "-i", sentences, "--glossary", tmp_path / "none.tsv")
+    assert code == 2 and "glossary file not found" in err and "Traceback" not in err
+
+
+def load_checkpoint_protect(ckpt) -> list[str]:
+    from translate.checkpoint import load_checkpoint
+
+    return load_checkpoint(ckpt)["config"]["decode"]["protect"]

@@ -320,8 +320,10 @@ class StubEngine:
 
     def __init__(self, outcome: Exception | None = None) -> None:
         self.defaults, self.queued, self.outcome = SearchOptions(beam_size=2), 0, outcome
+        self.submitted: list[tuple[list[str], object]] = []  # (texts, glossary) of each submit
 
-    def submit(self, texts: list[str], options: SearchOptions | None = None) -> Future:
+    def submit(self, texts: list[str], options: SearchOptions | None = None, glossary=None) -> Future:
+        self.submitted.append((texts, glossary))
         if isinstance(self.outcome, QueueFull):
             raise self.outcome
         future: Future = Future()
@@ -330,6 +332,28 @@ class StubEngine:
         else:
             future.set_result([[(f"{t} ({(options or self.defaults).beam_size})", -1.0)] for t in texts])
         return future
+
+
+def test_in_process_paragraphs_documents_and_glossaries_reach_the_engine():
+    engine = StubEngine()
+    client = client_of(engine)
+    assert client.post("/translate", json={"text": "One here. Two there."}).json() == {
+        "translation": "One here. (2) Two there. (2)"
+    }  # the sentences of a text submitted apart, joined with the space between them
+    assert engine.submitted[-1][0] == ["One here.", "Two there."]
+    assert client.post("/translate", json={"text": "One here. Two there.", "split": False}).json() == {
+        "translation": "One here. Two there. (2)"
+    }
+    html = client.post("/translate", json={"text": "<p>Hello there.</p>", "format": "html"}).json()["translation"]
+    assert html == "<p>Hello there. (2)</p>"
+    client.post("/translate", json={"text": "The cat sleeps.", "glossary": {"cat": "chat"}})
+    glossary = engine.submitted[-1][1]
+    assert len(glossary) == 1 and [span.output for span in glossary.find("The cat sleeps.")] == ["chat"]
+    for bad, field in (({"format": "pdf"}, '"format"'), ({"glossary": ["cat"]}, '"glossary"'), ({"split": 1}, '"split"')):
+        response = client.post("/translate", json={"text": "a", **bad})
+        assert response.status_code == 400 and field in response.json()["error"]
+    response = client.post("/translate", json={"text": "<p>a</p>", "format": "html", "beam_size": 2, "nbest": 2})
+    assert response.status_code == 400 and "nbest" in response.json()["error"]
 
 
 def client_of(engine, **limits) -> TestClient:

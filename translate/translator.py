@@ -11,12 +11,12 @@ whole lines, one sentence a line."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Literal
 
-from translate.decoding import check_workers
+from translate.decoding import arrived_chunks, check_workers, fixed_chunks
 from translate.documents import format_of, translate_document
 from translate.engine import Engine, EngineSpec, TranslationEngine, first_best
 from translate.errors import UserError
@@ -51,20 +51,18 @@ def translate_texts(
     format: str = "text",
     split: bool = True,
     glossary: Terms | None = None,
-    progress: bool = False,
     submit: bool = False,
 ) -> list[str]:
     """The 1-best translation of each text: a document in `format`, or a line of text (with
-    `split`, each of its sentences translated, all in one call of the engine); `progress`: a bar
-    over the sentences on a terminal; `submit`: through the engine's continuous batching (serve)."""
+    `split`, each of its sentences translated, all in one call of the engine); `submit`: through
+    the engine's continuous batching (serve)."""
 
     def translate_batch(sentences: list[str]) -> list[str]:
         if not sentences:
             return []
         if submit:
             return first_best(engine.submit(sentences, options, glossary).result())
-        with progress_bar(lambda: len(sentences)) if progress else nullcontext() as update:
-            return first_best(engine.translate(sentences, options, glossary=glossary, on_progress=update))
+        return first_best(engine.translate(sentences, options, glossary=glossary))
 
     if format != "text":
         return [translate_document(text, format, translate_batch, **sentence_budget(engine)) for text in texts]
@@ -98,27 +96,34 @@ def decode_file(
         return decode_document(spec, input, output, format)
     lines = read_lines(input)
     engine = Engine.load(spec)
-    if split and not whole_lines:
-        return write_translations(paragraphs(engine, lines, stream=str(input) == "-"), output)
-    with progress_bar(lambda: count_lines(input)) if str(input) != "-" else nullcontext() as update:
-        translations = engine.translate(lines, stream=str(input) == "-", on_progress=update)
+    stream = str(input) == "-"
+    with progress_bar(lambda: count_lines(input)) if not stream else nullcontext() as update:
+        if split and not whole_lines:
+            return write_translations(paragraphs(engine, lines, stream, update), output)
+        translations = engine.translate(lines, stream=stream, on_progress=update)
         return write_translations(translations, output, nbest_format="tsv" if with_scores else "text")
 
 
-def paragraphs(engine: Engine, lines: Iterator[str], stream: bool) -> Iterator[list[tuple[str, float]]]:
-    """Each line's translation, its sentences translated apart (as 1-best lists): from stdin a
-    line at a time as it arrives, from a file all lines in the same batches."""
-    chunks = ([line] for line in lines) if stream else [list(lines)]
-    for chunk in chunks:
-        for text in translate_texts(engine, chunk, progress=not stream):
+CHUNK_LINES = 1000  # lines split and translated together (their sentences share batches)
+
+
+def paragraphs(
+    engine: Engine, lines: Iterable[str], stream: bool = False, on_progress: Callable[[int], object] | None = None
+) -> Iterator[list[tuple[str, float]]]:
+    """Each line's translation, its sentences translated apart (as 1-best lists), CHUNK_LINES
+    lines at a time (from stdin: the lines that have arrived); `on_progress(n)` as n lines are done."""
+    for chunk in (arrived_chunks if stream else fixed_chunks)(lines, CHUNK_LINES):
+        for text in translate_texts(engine, chunk):
             yield [(text, 0.0)]
+        if on_progress:
+            on_progress(len(chunk))
 
 
 def decode_document(spec: EngineSpec, input: str | Path, output: str | Path, format: str) -> int:
     """An HTML or Markdown document, read whole, translated with its markup kept; returns its line count."""
     text = read_text(input, "--input")
     engine = Engine.load(spec)
-    (translated,) = translate_texts(engine, [text], format=format, progress=str(input) != "-")
+    (translated,) = translate_texts(engine, [text], format=format)
     if str(output) == "-":
         sys.stdout.write(translated)
         sys.stdout.flush()
@@ -153,7 +158,11 @@ def translate_file_lines(
     `split`: a line's sentences translated apart."""
     check_workers(spec.workers)
     engine = Engine.load(spec)
-    hypotheses = translate_texts(engine, sources, split=split, progress=True)
+    with progress_bar(lambda: len(sources)) as update:
+        if split:
+            hypotheses = [nbest[0][0] for nbest in paragraphs(engine, sources, on_progress=update)]
+        else:
+            hypotheses = first_best(engine.translate(sources, on_progress=update))
     if output is not None:
         write_translations([[(h, 0.0)] for h in hypotheses], output)
     return hypotheses
