@@ -215,7 +215,9 @@ def test_decode_with_a_glossary_from_the_command_line(trained_run, tmp_path, mon
     assert (tmp_path / "empty.fr").read_bytes() == (tmp_path / "plain.fr").read_bytes()
 
     terms, sentences = FIXTURES / "glossary" / "terms.tsv", FIXTURES / "glossary" / "sentences.en"
-    code, _, err = run_main(monkeypatch, capsys, "decode", ckpt, "-i", sentences, "-o", tmp_path / "t.fr", "--glossary", terms)
+    code, _, err = run_main(
+        monkeypatch, capsys, "decode", ckpt, "-i", sentences, "-o", tmp_path / "t.fr", "--glossary", terms
+    )
     assert code in (0, None), err
     glossary, protect = load_glossary(terms), load_checkpoint_protect(ckpt)
     outputs = (tmp_path / "t.fr").read_text(encoding="utf-8").splitlines()

@@ -349,7 +349,11 @@ def test_in_process_paragraphs_documents_and_glossaries_reach_the_engine():
     client.post("/translate", json={"text": "The cat sleeps.", "glossary": {"cat": "chat"}})
     glossary = engine.submitted[-1][1]
     assert len(glossary) == 1 and [span.output for span in glossary.find("The cat sleeps.")] == ["chat"]
-    for bad, field in (({"format": "pdf"}, '"format"'), ({"glossary": ["cat"]}, '"glossary"'), ({"split": 1}, '"split"')):
+    for bad, field in (
+        ({"format": "pdf"}, '"format"'),
+        ({"glossary": ["cat"]}, '"glossary"'),
+        ({"split": 1}, '"split"'),
+    ):
         response = client.post("/translate", json={"text": "a", **bad})
         assert response.status_code == 400 and field in response.json()["error"]
     response = client.post("/translate", json={"text": "<p>a</p>", "format": "html", "beam_size": 2, "nbest": 2})
