@@ -184,11 +184,18 @@ def cpu_benchmark(cfg: Config, args: argparse.Namespace) -> None:
 
     peak32 = max(peak32, matmul_peak(torch.float32, device))  # before and after the windows: the less disturbed
     peak16 = max(peak16, matmul_peak(torch.bfloat16, device)) if native else None
+    print_cpu_table(cfg, first, contenders, padded, pad, len(index_batches), peak32, peak16, args.vs_reference)
+    for t in trainers.values():
+        t.close()
+
+
+def print_cpu_table(cfg, first: Trainer, contenders, padded, pad, n_batches, peak32, peak16, vs_reference) -> None:
+    device = first.device
     print()
     print(
         f"model: {sum(p.numel() for p in first.model.parameters()):,} parameters; batches of train.max_tokens={cfg.train.max_tokens}; threads {torch.get_num_threads()}"
     )
-    print(f"padding: {pad:.2%} of source + target positions in the epoch's {len(index_batches)} batches")
+    print(f"padding: {pad:.2%} of source + target positions in the epoch's {n_batches} batches")
     positions = sum(b.src.numel() + b.tgt_out.numel() for b in padded)
     print(
         f"translate's timed batches, lengths padded to a multiple of {cfg.train.pad_to_multiple}: "
@@ -204,7 +211,7 @@ def cpu_benchmark(cfg: Config, args: argparse.Namespace) -> None:
             f"{c.name:32} {statistics.median(c.tok_s):>10,.0f} {statistics.median(c.tgt_s):>13,.0f} "
             f"{flop_s / 1e9:>9,.1f} {flop_s / peak32:>9.1%}" + (f" {flop_s / peak16:>9.1%}" if peak16 else "")
         )
-    if args.vs_reference:
+    if vs_reference:
         base = statistics.median(contenders[-1].tok_s)
         for c in contenders[:-1]:
             ratios = [a / b for a, b in zip(c.tok_s, contenders[-1].tok_s)]
@@ -212,8 +219,6 @@ def cpu_benchmark(cfg: Config, args: argparse.Namespace) -> None:
                 f"{c.name} / reference fp32: {statistics.median(ratios):.2f}x (median of per-window ratios; medians {statistics.median(c.tok_s) / base:.2f}x)"
             )
     print(f"peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB")
-    for t in trainers.values():
-        t.close()
 
 
 # ---------------------------------------------------------------------------- GPU: steady state

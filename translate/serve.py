@@ -156,6 +156,17 @@ def answer(translations: list, single: bool, with_nbest: bool) -> dict:
     return {"translation": out[0]} if single else {"translations": out}
 
 
+async def translate_request(engine: TranslationEngine, r: TranslateRequest) -> list:
+    """The n-best lists of a request's texts: the texts to the engine's continuous batching, or for
+    paragraphs and documents their sentences, submitted from a thread and joined back (1-best)."""
+    if r.whole:
+        return await asyncio.wrap_future(engine.submit(r.texts, r.search, r.glossary))
+    out = await asyncio.to_thread(
+        translate_texts, engine, r.texts, r.search, format=r.format, split=r.split, glossary=r.glossary, submit=True
+    )
+    return [[(text, 0.0)] for text in out]
+
+
 def create_app(engine: TranslationEngine, limits: ServingLimits, *, log_text: bool = False, info: dict | None = None):
     """The Starlette application over an engine: /translate and /health (`info` added to its
     answer), every error as one line of JSON."""
@@ -178,14 +189,7 @@ def create_app(engine: TranslationEngine, limits: ServingLimits, *, log_text: bo
             size = len(body)
             r = parse_request(body, engine.defaults, limits)
             texts = r.texts
-            if r.whole:
-                translations = await asyncio.wrap_future(engine.submit(texts, r.search, r.glossary))
-            else:  # paragraphs and documents: their sentences submitted from a thread, joined back
-                out = await asyncio.to_thread(
-                    translate_texts, engine, texts, r.search, format=r.format, split=r.split, glossary=r.glossary,
-                    submit=True,
-                )  # fmt: skip
-                translations = [[(text, 0.0)] for text in out]
+            translations = await translate_request(engine, r)
         except RequestError as e:
             status, response = e.status, error(e.status, str(e))
         except QueueFull as e:

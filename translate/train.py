@@ -18,7 +18,8 @@ The Trainer holds one run's model, optimizer and data, and makes its updates; th
 module of its own: the run's state, clocks, running sums and stop checks (trainstate.py),
 TensorBoard and the progress bar (trainlog.py), validation (validation.py), the optimizer and
 schedule (optim.py), the run directory (rundir.py), the processes of a torchrun
-(distributed.py), the data (prepare.py, data.py).
+(distributed.py), the data (prepare.py, data.py). The Trainer stays one class of about 500
+lines, since its methods share one run's model, optimizer, data and state.
 """
 
 from __future__ import annotations
