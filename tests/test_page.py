@@ -153,6 +153,22 @@ def test_format_and_glossary_go_only_when_set(page):
     }
 
 
+def test_a_document_with_a_glossary_gets_what_decode_gives(page, checkpoint, tmp_path):
+    document, terms = "<p>The <b>cloud</b> is near.</p>", tmp_path / "terms.tsv"
+    terms.write_text("cloud\tnuage\n", encoding="utf-8")
+    (tmp_path / "doc.html").write_text(document, encoding="utf-8")
+    expected = run_cli("decode", checkpoint, "-i", tmp_path / "doc.html", "--glossary", terms).stdout
+    assert expected.startswith("<p>") and expected.count("<b>") == 1 and "nuage" in expected
+    page.type("#source", document)
+    page.run(value("format", "html"))
+    page.run("document.getElementById('glossary-box').open = true")
+    page.type("#glossary", "cloud\tnuage")
+    page.click("#translate")
+    page.wait_for(TIME)
+    assert page.run(OUTPUT) == expected
+    assert page.run("document.getElementById('error').hidden")
+
+
 def value(id: str, text: str) -> str:
     return f"document.getElementById({json.dumps(id)}).value = {json.dumps(text)}"
 
