@@ -60,6 +60,35 @@ def summary(name: str, rows: list[tuple[int, int, int]], base_step: int) -> str:
     )
 
 
+def start_run(i: int, variant: str, cfg, args, command: list[str], work: Path):
+    """Start `translate train` of one variant ('NAME:KEY=VALUE,...') in WORK/run{i}, from a copy of
+    the prepared corpus where there is one: (name, run dir, process, its log file)."""
+    name, _, sets = variant.partition(":")
+    run = work / f"run{i}"
+    if (cfg.run_path / "data" / "meta.json").exists():  # the prepared corpus, as prepare left it
+        run.mkdir(parents=True)
+        for item in ("data", "spm.model", "spm.vocab", "prepare.log"):
+            src = cfg.run_path / item
+            if src.is_dir():
+                shutil.copytree(src, run / item)
+            elif src.exists():
+                shutil.copy2(src, run / item)
+    settings = [x for x in sets.split(",") if x]
+    env = {**os.environ, **dict(x.split("=", 1) for x in settings if x.split("=", 1)[0].isupper())}
+    overrides = [
+        f"run_dir={work}",
+        f"name=run{i}",
+        f"train.max_steps={args.steps}",
+        f"train.threads={args.threads}",
+        "train.max_time=null",
+        f"train.save_every={args.steps}",
+        *[x for x in settings if not x.split("=", 1)[0].isupper()],
+    ]
+    cmd = [*command, "train", "--config", args.config, *[x for o in overrides for x in ("--set", o)]]
+    log = open(work / f"run{i}.out", "w")  # noqa: SIM115 (closed with the process)
+    return name, run, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/bible.yaml")
@@ -83,32 +112,7 @@ def main() -> None:
     print(describe_machine())
     print(f"{args.config}, {args.steps:,} updates, {len(variants)} runs side by side, {args.threads} thread(s) each")
     try:
-        procs = []
-        for i, variant in enumerate(variants):
-            name, _, sets = variant.partition(":")
-            run = work / f"run{i}"
-            if (cfg.run_path / "data" / "meta.json").exists():  # the prepared corpus, as prepare left it
-                run.mkdir(parents=True)
-                for item in ("data", "spm.model", "spm.vocab", "prepare.log"):
-                    src = cfg.run_path / item
-                    if src.is_dir():
-                        shutil.copytree(src, run / item)
-                    elif src.exists():
-                        shutil.copy2(src, run / item)
-            settings = [x for x in sets.split(",") if x]
-            env = {**os.environ, **dict(x.split("=", 1) for x in settings if x.split("=", 1)[0].isupper())}
-            overrides = [
-                f"run_dir={work}",
-                f"name=run{i}",
-                f"train.max_steps={args.steps}",
-                f"train.threads={args.threads}",
-                "train.max_time=null",
-                f"train.save_every={args.steps}",
-                *[x for x in settings if not x.split("=", 1)[0].isupper()],
-            ]
-            cmd = [*command, "train", "--config", args.config, *[x for o in overrides for x in ("--set", o)]]
-            log = open(work / f"run{i}.out", "w")  # noqa: SIM115 (closed with the process)
-            procs.append((name, run, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
+        procs = [start_run(i, variant, cfg, args, command, work) for i, variant in enumerate(variants)]
         failed = False
         for name, run, proc, log in procs:
             proc.wait()
