@@ -229,7 +229,12 @@ def decode(
     checkpoints: Annotated[
         list[Path], typer.Argument(help="One checkpoint, or several of one vocabulary (an ensemble).")
     ],
-    input: Annotated[str, typer.Option("--input", "-i", help="English text, one sentence a line; - for stdin.")] = "-",
+    input: Annotated[
+        str,
+        typer.Option(
+            "--input", "-i", help="English text, one paragraph a line (or an HTML or Markdown document); - for stdin."
+        ),
+    ] = "-",
     output: Annotated[str, typer.Option("--output", "-o", help="Where the French goes; - for stdout.")] = "-",
     beam: BeamOpt = None,
     lenpen: LenpenOpt = None,
