@@ -4,7 +4,8 @@
     python scripts/bench_serve.py CKPT --src FILE --sentences 500 --clients 1,4,16
 
 It starts `translate serve CKPT --port 0` in a subprocess and, for each number of clients,
-sends the sentences one per request (`{"text": ...}`) from that many client threads, each on
+sends the sentences one per request (`{"text": ..., "split": false}`: each line searched whole,
+as the baseline does) from that many client threads, each on
 its own keep-alive connection, each sending the next sentence not yet sent as soon as its last
 request is answered, so that all of them stay busy until the last sentences are in flight
 (`--per-request N`: N consecutive sentences a request, as `{"texts": [...]}`).
@@ -105,6 +106,7 @@ class HttpClient:
 
     def translate(self, texts: list[str]) -> list[str]:
         body = {"text": texts[0]} if len(texts) == 1 else {"texts": texts}
+        body["split"] = False  # each line one sentence, as the baseline searches it
         self.conn.request("POST", "/translate", json.dumps(body), {"Content-Type": "application/json"})
         response = self.conn.getresponse()
         answer = response.read()

@@ -57,9 +57,21 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 
 def decode(checkpoint: Path, beam: int) -> list[str]:
-    """`translate decode` of the test sentences, alpha 0, at most MAX_LEN pieces."""
+    """`translate decode` of the test lines (each whole, as the exports take them), alpha 0, at most MAX_LEN pieces."""
     out = run_cli(
-        "decode", checkpoint, "-i", SOURCES, "--beam", beam, "--lenpen", 0, "--max-len-a", 0, "--max-len-b", MAX_LEN
+        "decode",
+        checkpoint,
+        "-i",
+        SOURCES,
+        "--no-split",
+        "--beam",
+        beam,
+        "--lenpen",
+        0,
+        "--max-len-a",
+        0,
+        "--max-len-b",
+        MAX_LEN,
     ).stdout
     return out.splitlines()
 

@@ -38,7 +38,8 @@ from translate.glossary import Glossary, glossary_of_request
 from translate.options import SearchOptions, ServingLimits
 from translate.page import index
 from translate.pool import DecodingFailed, open_engine, resolve_spec
-from translate.translator import translate_texts
+from translate.segment import join_sentences, split_sentences
+from translate.translator import sentence_budget, translate_texts
 
 log = logging.getLogger("translate")
 
@@ -157,10 +158,16 @@ def answer(translations: list, single: bool, with_nbest: bool) -> dict:
 
 
 async def translate_request(engine: TranslationEngine, r: TranslateRequest) -> list:
-    """The n-best lists of a request's texts: the texts to the engine's continuous batching, or for
-    paragraphs and documents their sentences, submitted from a thread and joined back (1-best)."""
+    """The n-best lists of a request's texts, through the engine's continuous batching: the texts
+    whole; or every sentence of every text in one submit, joined back (1-best; as
+    segment.translate_paragraphs does); or, for a document, its sentences submitted from a thread."""
     if r.whole:
         return await asyncio.wrap_future(engine.submit(r.texts, r.search, r.glossary))
+    if r.format == "text":
+        splits = [split_sentences(text, **sentence_budget(engine)) for text in r.texts]
+        flat = [s for sentences, _ in splits for s in sentences]
+        done = iter(first_best(await asyncio.wrap_future(engine.submit(flat, r.search, r.glossary))) if flat else [])
+        return [[(join_sentences([next(done) for _ in s], gaps, outer=False), 0.0)] for s, gaps in splits]
     out = await asyncio.to_thread(
         translate_texts, engine, r.texts, r.search, format=r.format, split=r.split, glossary=r.glossary, submit=True
     )
