@@ -13,7 +13,10 @@
 #    them: as configured with torch.compile off, then 6,250 tokens x 4 accumulated (the earlier
 #    batches), each attention kernel alone (cudnn, efficient, math), and torch.compile on.
 #    Each prints target tokens/s, MFU against the measured bf16 matmul peak, host/device time
-#    per update, synchronisations per update, the attention kernel and the peak memory.
+#    per update, synchronisations per update, the attention kernel and the peak memory;
+# 4. `translate train` of the same config on the same data: 200 updates, then --resume to 300,
+#    its tokens/s (train.log) to set beside the benchmark's.
+# Each step has a time cap, so that the whole run stays under 10 minutes.
 # The summary lands in $GPU_CHECK_OUT/summary.txt (default gpu_check/), each step's whole log
 # beside it; the synthetic data and the scratch runs in $GPU_CHECK_WORK (default /tmp/gpu_check).
 set -uo pipefail
@@ -29,17 +32,27 @@ tests() {
 synthetic() {
     $PY scripts/make_synthetic.py 300000 "$WORK/syn/train" --lexicon 60000
 }
+DATA=(--set data.source=files --set data.train="$WORK/syn/train" --set data.dataset=null --set data.subset=null)
 benchmark() {
-    timeout 330 $PY scripts/bench_train.py --config configs/wmt14_base.yaml --run-dir "$WORK/runs" --updates 30 \
-        --set data.source=files --set data.train="$WORK/syn/train" --set data.dataset=null --set data.subset=null \
-        --set train.compile=false \
+    timeout 240 $PY scripts/bench_train.py --config configs/wmt14_base.yaml --run-dir "$WORK/runs" --updates 24 \
+        "${DATA[@]}" --set train.compile=false \
         --variant "6250 x 4=train.max_tokens=6250,train.accumulate=4" \
         --variant "attention cudnn=train.attention=cudnn" \
         --variant "attention efficient=train.attention=efficient" \
-        --variant "attention math=train.attention=math" \
         --variant "compile=train.compile=true"
 }
-steps=(tests synthetic benchmark)
+train() {
+    # the benchmark's run directory: its data prepared once (--resume: no checkpoint there yet)
+    local run=(--config configs/wmt14_base.yaml "${DATA[@]}" --set run_dir="$WORK/runs" --set name=wmt14_base_bench
+        --set train.log_every=50 --set train.eval_every=100000 --set train.save_every=100
+        --set train.eval_max_sentences=100 --resume)
+    timeout 120 $PY -m translate train "${run[@]}" --set train.max_steps=200 &&
+        timeout 60 $PY -m translate train "${run[@]}" --set train.max_steps=300
+    local code=$?
+    grep -h "tokens/s\|resumed\|training stopped" "$WORK/runs/wmt14_base_bench/train.log" | tail -n 8
+    return $code
+}
+steps=(tests synthetic benchmark train)
 if [ "${1:-}" = "--dry-run" ]; then
     echo "would run, in order (summary in $OUT/summary.txt):"
     for step in "${steps[@]}"; do declare -f "$step" | sed -n '3,$p' | sed '$d'; done
