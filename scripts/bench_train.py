@@ -14,7 +14,9 @@ warm-up, in windows of --window updates of one batch; the trainers take turns wi
 on the same batches, so that a busy machine slows them alike. It prints medians over the windows:
 tokens/s (non-pad source + target; and target alone), padding, peak RSS, and MFU (model FLOP
 utilisation) against the machine's matmul peak measured in the same run (`torch.mm`, 2048x2048,
-fp32, and bf16 where the CPU multiplies it natively).
+fp32, and bf16 where the CPU multiplies it natively). `--variant` adds trainers at the first
+precision with other settings, timed on the same sentences' batches (each collating them as its
+settings pad them), e.g. `--variant "pad 8=train.pad_to_multiple=8"`.
 
 On a GPU (train.device cuda, or auto where one is) it measures the steady state, once per
 variant (the config as it is, then each --variant's overrides): the first --updates updates of
@@ -153,14 +155,23 @@ def cpu_benchmark(cfg: Config, args: argparse.Namespace) -> None:
     native = cpu_info().native_bf16
     precisions = (args.precisions or ("fp32,bf16" if native else "fp32")).split(",")
     trainers = {p: make_trainer(cfg, [f"train.amp={amp[p]}", f"name={cfg.name}_{amp[p]}"]) for p in precisions}
+    for i, (label, overrides) in enumerate(map(parse_variant, args.variant)):  # the first precision, these overrides
+        a = amp[precisions[0]]
+        trainers[f"{precisions[0]} {label}"] = make_trainer(
+            cfg, [f"train.amp={a}", f"name={cfg.name}_{a}_{i}", *overrides]
+        )
     first = next(iter(trainers.values()))
     device = first.device
     index_batches = first.epoch_batches(0)
     pad = padding_fraction(index_batches, first.train_data.src_lens, first.train_data.tgt_lens)
     need = args.warmup + args.window * args.windows
-    # translate's batches as its trainer collates them; the reference gets the lengths as they come
-    padded = [first.collate(b) for b in index_batches[:need]]
-    contenders = [Timed(f"translate {p}", lambda b, t=t: t.update([b]), t.model, padded) for p, t in trainers.items()]
+    # translate's batches as each trainer collates them (padded as its precision wants: train.pad_to_multiple
+    # auto); the reference gets the lengths as they come
+    contenders = [
+        Timed(f"translate {p}", lambda b, t=t: t.update([b]), t.model, [t.collate(b) for b in index_batches[:need]])
+        for p, t in trainers.items()
+    ]
+    padded = contenders[0].batches
     if args.vs_reference:
         torch.manual_seed(cfg.seed)
         ref = ReferenceTrainer(cfg, first.tokenizer.vocab_size)
@@ -198,7 +209,7 @@ def print_cpu_table(cfg, first: Trainer, contenders, padded, pad, n_batches, pea
     print(f"padding: {pad:.2%} of source + target positions in the epoch's {n_batches} batches")
     positions = sum(b.src.numel() + b.tgt_out.numel() for b in padded)
     print(
-        f"translate's timed batches, lengths padded to a multiple of {cfg.train.pad_to_multiple}: "
+        f"{contenders[0].name}'s timed batches, lengths padded to a multiple of {first.padding.pad}: "
         f"{1 - sum(sum(real_tokens(b)) for b in padded) / positions:.2%} padding"
     )
     bf16_peak = f"bf16 {peak16 / 1e9:,.0f} GFLOP/s" if peak16 else "bf16 not native here (no bf16 peak)"
@@ -226,7 +237,7 @@ def print_cpu_table(cfg, first: Trainer, contenders, padded, pad, n_batches, pea
 
 def epoch_shapes(trainer: Trainer) -> set[tuple[int, int, int]]:
     """The distinct (sentences, source length, target length) of the epoch's batches, from the lengths."""
-    pad = trainer.cfg.train.pad_to_multiple
+    pad = trainer.padding.pad
     src, tgt = trainer.train_data.src_lens, trainer.train_data.tgt_lens
     return {
         (len(b), round_up(int(src[b].max()), pad), round_up(int(tgt[b].max()), pad)) for b in trainer.epoch_batches(0)
@@ -311,7 +322,7 @@ def steady_benchmark(cfg: Config, args: argparse.Namespace) -> None:
         t = trainer.cfg.train
         what = (
             f"{label}: {t.max_tokens:,} tokens x {t.accumulate}, {trainer.precision}, compile {t.compile}, "
-            f"attention {t.attention}, pad_to_multiple {t.pad_to_multiple}"
+            f"attention {t.attention}, pad_to_multiple {t.pad_to_multiple} ({trainer.padding.reason})"
         )
         print(f"== {what}", flush=True)
         if device.type == "cuda":
@@ -368,7 +379,10 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=40, help="GPU: updates warmed up, then timed")
     parser.add_argument("--steady-state", action="store_true", help="the GPU's measurement, also on a CPU")
     parser.add_argument(
-        "--variant", action="append", default=[], help="GPU: 'LABEL=key=value,...' also timed with these overrides"
+        "--variant",
+        action="append",
+        default=[],
+        help="'LABEL=key=value,...' also timed with these overrides (on a CPU: at the first precision, in turns)",
     )
     args = parser.parse_args()
     if args.threads:

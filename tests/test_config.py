@@ -40,6 +40,9 @@ def test_unknown_key_suggests_closest():
         ({"decode": {"beam_size": 0}}, r"beam_size"),
         ({"data": "bible"}, r"'data' must be a mapping"),
         ({"data": {"source": "files"}}, r"data.train is not set"),
+        ({"train": {"pad_to_multiple": "eight"}}, r"train.pad_to_multiple' expects int or 'auto', got 'eight'"),
+        ({"train": {"pad_to_multiple": 0}}, r"train.pad_to_multiple must be auto or at least 1"),
+        ({"train": {"eval_max_sentences": "all"}}, r"train.eval_max_sentences' expects int or null"),
     ],
 )
 def test_bad_values_name_the_key(raw, message):
@@ -54,6 +57,8 @@ def test_overrides_and_yaml_quirks():
     assert cfg.train.lr == pytest.approx(7e-4)  # YAML 1.1 reads 7e-4 as a string
     assert cfg.model.d_model == 128 and cfg.train.max_epochs == 3 and cfg.name == "x"
     assert config_from_dict({"train": {"amp": False}}, ["train.amp=off"]).train.amp == "off"  # YAML 1.1: off is False
+    assert config_from_dict({}, ["train.pad_to_multiple=16"]).train.pad_to_multiple == 16
+    assert config_from_dict({}, ["train.pad_to_multiple=auto"]).train.pad_to_multiple == "auto"
     with pytest.raises(UserError, match="section.key=value"):
         config_from_dict({}, ["model.d_model"])
     with pytest.raises(UserError, match="unknown config key 'model.dmodel'"):

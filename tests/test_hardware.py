@@ -6,7 +6,7 @@ import torch
 
 from translate import hardware
 from translate.errors import UserError
-from translate.hardware import CpuInfo, choose_amp, choose_decode_dtype, resolve_device
+from translate.hardware import CpuInfo, Padding, choose_amp, choose_decode_dtype, choose_padding, resolve_device
 
 CPU, CUDA, MPS = torch.device("cpu"), torch.device("cuda:0"), torch.device("mps")
 AVX512_BF16 = CpuInfo("AVX512", True, "mocked", 2)
@@ -53,6 +53,18 @@ def test_cuda_and_mps_precision(monkeypatch):
     with pytest.raises(UserError, match="not supported on MPS"):
         choose_amp("bf16", MPS)
     assert choose_decode_dtype("auto", MPS)[0] == "fp32"
+
+
+def test_padding_auto_follows_the_precision():
+    """auto: the same batches everywhere (packed by lengths rounded to 8); tensors padded to 8 only
+    where products build per-shape plans (bf16/fp16, GPUs), not in fp32 on a CPU. A number is both."""
+    fp32_cpu, bf16_cpu = choose_padding("auto", CPU, None), choose_padding("auto", CPU, torch.bfloat16)
+    assert (fp32_cpu.pack, fp32_cpu.pad) == (8, 1) and "fp32 on a CPU" in fp32_cpu.reason
+    assert (bf16_cpu.pack, bf16_cpu.pad) == (8, 8) and "bf16" in bf16_cpu.reason
+    for amp in (None, torch.bfloat16, torch.float16):
+        assert (choose_padding("auto", CUDA, amp).pack, choose_padding("auto", CUDA, amp).pad) == (8, 8)
+    assert choose_padding(1, CPU, torch.bfloat16) == Padding(1, 1, "train.pad_to_multiple 1")
+    assert choose_padding(16, CPU, None) == Padding(16, 16, "train.pad_to_multiple 16")
 
 
 def test_decode_dtype_auto_is_fp32_on_either_cpu_class(cpu_class):

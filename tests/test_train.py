@@ -1,5 +1,6 @@
 """Training internals: schedules, accumulation, precision selection, skipped updates, checkpoint policy."""
 
+import logging
 import math
 import shutil
 import subprocess
@@ -78,6 +79,28 @@ def test_padding_to_a_multiple_changes_neither_loss_nor_gradient(tmp_path):
     for g1, g8 in zip(ga, gb):
         torch.testing.assert_close(g8, g1, rtol=1e-4, atol=1e-6)
     for t in (a, b):
+        t.close()
+
+
+def test_pad_to_multiple_auto_in_fp32_takes_the_same_batches_unpadded(tmp_path, caplog):
+    """In fp32 on a CPU, auto packs the sentences as pad_to_multiple 8 does (the same batches, the
+    same order) but leaves the tensors at the batch's own longest lengths; the validation loss's
+    batches too. The log says which it chose."""
+    with caplog.at_level(logging.INFO):
+        auto = Trainer(cfg_for(tmp_path, "auto", amp="off", pad_to_multiple="auto"), resume=False)
+    eight = Trainer(cfg_for(tmp_path, "eight", amp="off", pad_to_multiple=8), resume=False)
+    assert (auto.padding.pack, auto.padding.pad) == (8, 1)
+    a_batches, e_batches = auto.epoch_batches(0), eight.epoch_batches(0)
+    assert len(a_batches) == len(e_batches) and all(np.array_equal(a, e) for a, e in zip(a_batches, e_batches))
+    lens = auto.train_data.src_lens, auto.train_data.tgt_lens
+    for idx in a_batches:
+        batch = auto.collate(idx)
+        assert batch.src.size(1) == lens[0][idx].max() and batch.tgt_in.size(1) == lens[1][idx].max()  # EOS counted
+        assert len(batch.keep) == batch.ntokens  # no projected padding rows either
+        assert eight.collate(idx).src.size(1) % 8 == 0
+    assert auto.validator.padding == auto.padding
+    assert "pad_to_multiple auto: fp32 on a CPU -> packed by lengths rounded to 8, not padded" in caplog.text
+    for t in (auto, eight):
         t.close()
 
 

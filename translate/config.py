@@ -81,10 +81,11 @@ class ModelConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     max_tokens: int = 4096  # per batch per device, padding included
-    # Batch lengths (source, target) padded up to a multiple of this, batches packed by those lengths, and on a
-    # CPU the rows of the output projection rounded to 8x it: a few distinct matrix shapes, so that host memory
-    # stays flat over a run (1: lengths as they come)
-    pad_to_multiple: int = 8
+    # Batches packed by lengths (source, target) rounded up to a multiple of this, padded to it, and on a CPU the
+    # rows of the output projection rounded to 8x it: a few distinct matrix shapes, so that host memory stays flat
+    # over a run (1: lengths as they come). auto: packed by multiples of 8, padded to 8 in bf16/fp16 and on GPUs,
+    # not padded in fp32 on a CPU (hardware.choose_padding)
+    pad_to_multiple: Union[int, Literal["auto"]] = "auto"
     accumulate: int = 1
     max_steps: int = 20000  # optimizer updates
     max_epochs: Optional[int] = None
@@ -165,7 +166,8 @@ def _type_name(tp: Any) -> str:
         return " | ".join(repr(a) for a in typing.get_args(tp))
     if origin in (Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return " or ".join(_type_name(a) for a in args) + " or null"
+        null = " or null" if type(None) in typing.get_args(tp) else ""
+        return " or ".join(_type_name(a) for a in args) + null
     if origin is list:
         return f"list of {_type_name(typing.get_args(tp)[0])}"
     return getattr(tp, "__name__", str(tp))
@@ -176,10 +178,14 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
     bad = UserError(f"config key '{key}' expects {_type_name(tp)}, got {value!r}")
     if origin in (Union, types.UnionType):
-        if value is None:
+        if value is None and type(None) in typing.get_args(tp):
             return None
-        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _coerce(value, inner, key)
+        for inner in [a for a in typing.get_args(tp) if a is not type(None)]:
+            try:
+                return _coerce(value, inner, key)
+            except UserError:
+                pass
+        raise bad
     if origin is Literal:
         if isinstance(value, bool):  # YAML 1.1 reads off/on/no/yes as booleans
             value = {False: "off", True: "on"}[value]
@@ -301,7 +307,7 @@ def _rules(cfg: Config) -> list[tuple[bool, str]]:
         (t.average_last is None or t.average_last >= 2, "train.average_last must be at least 2"),
         (t.max_bad_steps >= 1, "train.max_bad_steps must be at least 1"),
         (t.threads is None or t.threads >= 1, "train.threads must be at least 1"),
-        (t.pad_to_multiple >= 1, "train.pad_to_multiple must be at least 1"),
+        (t.pad_to_multiple == "auto" or t.pad_to_multiple >= 1, "train.pad_to_multiple must be auto or at least 1"),
         (v.size >= 8, f"vocab.size must be at least 8, got {v.size}"),
         (0 < v.character_coverage <= 1, "vocab.character_coverage must be in (0, 1]"),
         (v.sample_size >= 1, "vocab.sample_size must be at least 1"),

@@ -117,6 +117,39 @@ def resolve_device(name: str, setting: str = "--device", local_rank: int = 0) ->
     return torch.device(name if ":" in name else f"cuda:{local_rank}")
 
 
+# ---------------------------------------------------------------------------- batch shapes
+
+PACK_MULTIPLE = 8  # train.pad_to_multiple auto: batches packed by lengths rounded up to this
+
+
+@dataclass(frozen=True)
+class Padding:
+    """How training's batches are formed and shaped: `pack`, the multiple the sentences' lengths are
+    rounded up to when they are packed into batches; `pad`, the multiple the batch tensors' lengths
+    are padded to; and why, in a few words."""
+
+    pack: int
+    pad: int
+    reason: str
+
+
+def choose_padding(setting: int | str, device: torch.device, amp: torch.dtype | None) -> Padding:
+    """`train.pad_to_multiple` on this hardware. A number n packs and pads to n.
+
+    auto packs by lengths rounded up to 8 everywhere, so every machine trains on the same batches,
+    and pads the tensors to 8 where the matrix products build a plan per shape: reduced precision
+    (oneDNN's bf16 primitives on a CPU, each with its own buffers: few shapes keep host memory
+    flat) and GPUs (cuDNN/cuBLAS plans, compiled graphs). In fp32 on a CPU the products go through
+    MKL, which keeps nothing per shape: there the tensors keep the batch's own longest lengths
+    (padding would be only wasted work: about 8 % more positions)."""
+    if setting != "auto":
+        return Padding(int(setting), int(setting), f"train.pad_to_multiple {setting}")
+    if device.type == "cpu" and amp is None:
+        return Padding(PACK_MULTIPLE, 1, f"fp32 on a CPU -> packed by lengths rounded to {PACK_MULTIPLE}, not padded")
+    precision = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp]
+    return Padding(PACK_MULTIPLE, PACK_MULTIPLE, f"{precision} on {device.type} -> padded to {PACK_MULTIPLE}")
+
+
 # ---------------------------------------------------------------------------- precision
 
 

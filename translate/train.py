@@ -56,7 +56,7 @@ from translate.config import Config, config_to_dict, parse_duration, save_config
 from translate.data import Batch, Prefetcher, collate, load_split
 from translate.distributed import World, init_process_group, wait_for, watch_launcher
 from translate.errors import UserError
-from translate.hardware import attention_kernels, choose_amp, cpu_info, is_out_of_memory, resolve_device
+from translate.hardware import attention_kernels, choose_amp, choose_padding, cpu_info, is_out_of_memory, resolve_device
 from translate.loss import label_smoothed_nll_loss
 from translate.model import Transformer, count_parameters
 from translate.optim import build_optimizer, lr_lambda, seed_everything
@@ -122,6 +122,7 @@ class Trainer:
             watch_launcher()  # a worker whose torchrun died stops, saves and frees the run's lock
         self.device = resolve_device(cfg.train.device, "train.device", world.local_rank)
         self.amp, self.amp_reason = choose_amp(cfg.train.amp, self.device)
+        self.padding = choose_padding(cfg.train.pad_to_multiple, self.device, self.amp)
         self.budget = parse_duration(cfg.train.max_time) if cfg.train.max_time is not None else None
 
     def _prepare(self, cfg: Config, resume: bool) -> dict[str, Any] | None:
@@ -147,7 +148,9 @@ class Trainer:
         data_dir = self.run / "data"
         self.tokenizer = Tokenizer.load(self.run / "spm.model")
         self.train_data = load_split(data_dir, "train")
-        self.validator = Validator(cfg, data_dir, self.tokenizer, self.device, self.amp, self.rank, self.world)
+        self.validator = Validator(
+            cfg, data_dir, self.tokenizer, self.device, self.amp, self.padding, self.rank, self.world
+        )
 
     def _build(self, cfg: Config, resume: bool, resumed: dict[str, Any] | None, init: dict[str, Any] | None) -> None:
         """Model, optimizer, schedule and scaler: fresh, from last.pt (--resume) or from train.init_from."""
@@ -178,6 +181,7 @@ class Trainer:
         header = f"precision {self.precision}: train.amp {cfg.train.amp}, {self.amp_reason}"
         save_config(cfg, self.run / "config.yaml", header=header)
         log.info(f"amp {cfg.train.amp}: {self.amp_reason}")
+        log.info(f"pad_to_multiple {cfg.train.pad_to_multiple}: {self.padding.reason}")
         log.info(
             f"model: {count_parameters(self.model):,} parameters, vocab {self.tokenizer.vocab_size}; "
             f"device {self.device}, precision {self.precision}, world size {self.world}; "
@@ -195,6 +199,7 @@ class Trainer:
             "device": str(self.device),
             "precision": self.precision,
             "reason": f"train.amp {self.cfg.train.amp}: {self.amp_reason}",
+            "padding": f"train.pad_to_multiple {self.cfg.train.pad_to_multiple}: {self.padding.reason}",
             "cpu": info.capability,
             "cpu_native_bf16": info.native_bf16,
             "world_size": self.world,
@@ -219,16 +224,17 @@ class Trainer:
     # ------------------------------------------------------------------------ batches
 
     def collate(self, indices: np.ndarray) -> Batch:
-        """Training's batch of these sentences: lengths padded to train.pad_to_multiple, the positions
-        to project rounded to 8x it, in pinned memory where a GPU will copy it."""
-        pad = self.cfg.train.pad_to_multiple
+        """Training's batch of these sentences: lengths padded as train.pad_to_multiple says on this
+        hardware (`self.padding`), the positions to project rounded to 8x it, in pinned memory where a
+        GPU will copy it."""
+        pad = self.padding.pad
         batch = collate(self.train_data, indices, pad, project_multiple=8 * pad if pad > 1 else 1)
         return batch.pin_memory() if self.device.type == "cuda" else batch
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         t = self.cfg.train
         lens = self.train_data.src_lens, self.train_data.tgt_lens
-        batches = token_batches(*lens, t.max_tokens, self.cfg.seed, epoch, pad_to_multiple=t.pad_to_multiple)
+        batches = token_batches(*lens, t.max_tokens, self.cfg.seed, epoch, pad_to_multiple=self.padding.pack)
         return batches[: len(batches) - len(batches) % self.world]
 
     def planned_updates(self, epoch: int, position: int) -> Iterator[PlannedUpdate]:

@@ -17,6 +17,7 @@ from translate.config import Config
 from translate.data import collate, load_split
 from translate.engine import Engine, first_best
 from translate.evaluate import score
+from translate.hardware import Padding
 from translate.loss import label_smoothed_nll_loss
 from translate.model import Transformer
 from translate.textio import read_all_lines
@@ -32,6 +33,7 @@ class Validator:
         tokenizer: Tokenizer,
         device: torch.device,
         amp: torch.dtype | None,
+        padding: Padding,
         rank: int,
         world: int,
     ) -> None:
@@ -43,6 +45,7 @@ class Validator:
             rank,
             world,
         )
+        self.padding = padding  # the validation loss's batches are formed and padded as training's
         self.data = load_split(data_dir, "valid")
         self.sources = read_all_lines(data_dir / f"valid.{cfg.data.src_lang}", "valid source")
         self.refs = read_all_lines(data_dir / f"valid.{cfg.data.tgt_lang}", "valid reference")
@@ -69,10 +72,10 @@ class Validator:
         """Label-smoothed loss, NLL and perplexity per target token, over every rank's batches."""
         t = self.cfg.train
         lens = self.data.src_lens, self.data.tgt_lens
-        batches = token_batches(*lens, t.max_tokens, shuffle=False, pad_to_multiple=t.pad_to_multiple)
+        batches = token_batches(*lens, t.max_tokens, shuffle=False, pad_to_multiple=self.padding.pack)
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)
         for idx in batches[self.rank :: self.world]:
-            batch = collate(self.data, idx, t.pad_to_multiple).to(self.device)
+            batch = collate(self.data, idx, self.padding.pad).to(self.device)
             with torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
                 logits = model(batch.src, batch.tgt_in)
             loss, nll, n = label_smoothed_nll_loss(logits, batch.tgt_out, t.label_smoothing, PAD)
