@@ -96,6 +96,13 @@ def trained_run(tmp_path_factory):
     return tmp / "runs" / "e2e", config
 
 
+@pytest.fixture(scope="session")
+def checkpoint(trained_run):
+    """The shared tiny run's best checkpoint."""
+    run, _ = trained_run
+    return run / "checkpoints" / "best.pt"
+
+
 # ---------------------------------------------------------------------------- the tiny model
 
 WORDS = (

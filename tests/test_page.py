@@ -59,12 +59,6 @@ TIME = "document.getElementById('time').textContent"
 
 
 @pytest.fixture(scope="module")
-def checkpoint(trained_run):
-    run, _ = trained_run
-    return run / "checkpoints" / "best.pt"
-
-
-@pytest.fixture(scope="module")
 def decoded(checkpoint, tmp_path_factory):
     src = tmp_path_factory.mktemp("page") / "test.en"
     src.write_text("\n".join(SENTENCES[:3]) + "\n", encoding="utf-8")

@@ -85,12 +85,6 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def checkpoint(trained_run):
-    run, _ = trained_run
-    return run / "checkpoints" / "best.pt"
-
-
-@pytest.fixture(scope="module")
 def decoded(checkpoint, tmp_path_factory):
     """`translate decode` of the fixture sentences: what the server must answer."""
     src = tmp_path_factory.mktemp("serve") / "test.en"
