@@ -146,8 +146,12 @@ def choose_padding(setting: int | str, device: torch.device, amp: torch.dtype | 
         return Padding(int(setting), int(setting), f"train.pad_to_multiple {setting}")
     if device.type == "cpu" and amp is None:
         return Padding(PACK_MULTIPLE, 1, f"fp32 on a CPU -> packed by lengths rounded to {PACK_MULTIPLE}, not padded")
-    precision = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp]
-    return Padding(PACK_MULTIPLE, PACK_MULTIPLE, f"{precision} on {device.type} -> padded to {PACK_MULTIPLE}")
+    return Padding(PACK_MULTIPLE, PACK_MULTIPLE, f"{precision_name(amp)} on {device.type} -> padded to {PACK_MULTIPLE}")
+
+
+def precision_name(amp: torch.dtype | None) -> str:
+    """fp32, bf16 or fp16: what an autocast dtype (None: none) trains at."""
+    return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp]
 
 
 # ---------------------------------------------------------------------------- precision

@@ -56,7 +56,15 @@ from translate.config import Config, config_to_dict, parse_duration, save_config
 from translate.data import Batch, Prefetcher, collate, load_split
 from translate.distributed import World, init_process_group, wait_for, watch_launcher
 from translate.errors import UserError
-from translate.hardware import attention_kernels, choose_amp, choose_padding, cpu_info, is_out_of_memory, resolve_device
+from translate.hardware import (
+    attention_kernels,
+    choose_amp,
+    choose_padding,
+    cpu_info,
+    is_out_of_memory,
+    precision_name,
+    resolve_device,
+)
 from translate.loss import label_smoothed_nll_loss
 from translate.model import Transformer, count_parameters
 from translate.optim import build_optimizer, lr_lambda, seed_everything
@@ -190,7 +198,7 @@ class Trainer:
 
     @property
     def precision(self) -> str:
-        return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.amp]
+        return precision_name(self.amp)
 
     def hardware(self) -> dict[str, Any]:
         """What the run trained on and at which precision, and why (saved in config.yaml and checkpoints)."""
