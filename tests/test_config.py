@@ -43,6 +43,7 @@ def test_unknown_key_suggests_closest():
         ({"train": {"pad_to_multiple": "eight"}}, r"train.pad_to_multiple' expects int or 'auto', got 'eight'"),
         ({"train": {"pad_to_multiple": 0}}, r"train.pad_to_multiple must be auto or at least 1"),
         ({"train": {"eval_max_sentences": "all"}}, r"train.eval_max_sentences' expects int or null"),
+        ({"train": {"cooldown": 1.5}}, r"train.cooldown must be a share of the run in \[0, 1\], got 1.5"),
     ],
 )
 def test_bad_values_name_the_key(raw, message):

@@ -42,6 +42,36 @@ def test_schedules_warm_up_then_decay(schedule):
         assert lrs[-1] == pytest.approx(0.0, abs=1e-6)
 
 
+@pytest.mark.parametrize("schedule", ["inverse_sqrt", "cosine"])
+def test_cooldown_takes_the_lr_linearly_to_zero_over_the_last_share_of_the_run(schedule):
+    train = {"schedule": schedule, "warmup_steps": 100, "max_steps": 1000, "lr": 1e-3}
+    plain = lr_lambda(config_from_dict({"train": train}))
+    f = lr_lambda(config_from_dict({"train": {**train, "cooldown": 0.25}}))
+    assert [f(s) for s in range(750)] == [plain(s) for s in range(750)]  # untouched before the last quarter
+    cooled = [plain(s) * (1000 - s) / 250 for s in range(750, 1000)]
+    assert [f(s) for s in range(750, 1000)] == pytest.approx(cooled)
+    assert f(999) > 0 or schedule == "cosine"  # the last update still learns (cosine is at min_lr 0 there)
+
+    # With a time budget the run's end is the budget's where it comes first: the share of it trained.
+    spent = 0.0
+    timed = lr_lambda(config_from_dict({"train": {**train, "cooldown": 0.25}}), lambda: spent)
+    assert timed(300) == plain(300)
+    spent = 0.875
+    assert timed(300) == pytest.approx(plain(300) * 0.5)
+    spent = 1.2
+    assert timed(300) == 0.0
+
+
+def test_the_trainer_cools_down_by_the_time_budget_it_has_spent(tmp_path, monkeypatch):
+    t = Trainer(cfg_for(tmp_path, max_steps=1000, max_time="1h", cooldown=0.5), resume=False)
+    monkeypatch.setattr(t, "trained_time", lambda: 0.75 * 3600)  # three quarters of the hour trained
+    t.update([t.collate(t.epoch_batches(0)[0])])
+    shape = lr_lambda(cfg_for(tmp_path, "plain", max_steps=1000))
+    assert t.time_spent == 0.75
+    assert t.scheduler.get_last_lr()[0] == pytest.approx(2e-3 * shape(1) * 0.5)
+    t.close()
+
+
 @pytest.mark.filterwarnings("ignore:Detected call of")
 def test_accumulating_two_batches_equals_one_batch_of_both(tmp_path):
     """Update on [b1, b2] with accumulate 2 == update on the batch b1+b2 (losses summed over tokens)."""
@@ -215,6 +245,7 @@ def test_resume_refuses_a_changed_model(trained_run, tmp_path):
 def test_torchrun_two_processes_match_one_process_on_the_same_global_batch(tmp_path):
     """2 ranks x 1 batch (gloo) == 1 process x accumulate 2: same update, written once."""
     common = dict(max_steps=1, eval_every=1, save_every=1, log_every=1, threads=1, model={"dropout": 0.0})
+    common.update(max_time="1h", cooldown=0.5)  # the ranks agree on the time spent in the same collective
     single = tiny_config(tmp_path, name="single", accumulate=2, **common)
     ddp = tiny_config(tmp_path, name="ddp", **common)
     run_cli("train", "--config", single)

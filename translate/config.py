@@ -94,6 +94,9 @@ class TrainConfig:
     schedule: Literal["noam", "inverse_sqrt", "cosine"] = "inverse_sqrt"
     warmup_steps: int = 4000
     min_lr: float = 0.0  # cosine: the lr reached at max_steps
+    # the last share of the run over which the lr falls linearly to 0; the run's length is max_steps, or
+    # max_time where it ends first (its share of the time budget spent), so a time-bound run ends cooled down
+    cooldown: float = 0.0
     optimizer: Literal["adam", "adamw"] = "adam"
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     adam_eps: float = 1.0e-9
@@ -281,6 +284,7 @@ def _rules(cfg: Config) -> list[tuple[bool, str]]:
         (m.max_positions >= 16, "model.max_positions must be at least 16"),
         (t.lr > 0, f"train.lr must be positive, got {t.lr}"),
         (t.min_lr >= 0, "train.min_lr must not be negative"),
+        (0 <= t.cooldown <= 1, f"train.cooldown must be a share of the run in [0, 1], got {t.cooldown}"),
         (t.max_tokens >= 16, f"train.max_tokens must be at least 16, got {t.max_tokens}"),
         (
             t.max_tokens >= cfg.data.max_len,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Callable
 
 import numpy as np
 import torch
@@ -11,8 +12,25 @@ import torch
 from translate.config import Config
 
 
-def lr_lambda(cfg: Config):
-    """Multiplier of train.lr after `step` updates (LambdaLR); linear warmup for every schedule."""
+def lr_lambda(cfg: Config, time_spent: Callable[[], float] = lambda: 0.0):
+    """Multiplier of train.lr after `step` updates (LambdaLR); linear warmup for every schedule.
+
+    `time_spent`: the share of train.max_time trained so far (the same on every rank), for
+    train.cooldown: the schedule's factor falls linearly to 0 over the last `cooldown` of the run,
+    whichever of max_steps and max_time ends it first."""
+    t, shape = cfg.train, schedule_shape(cfg)
+
+    def factor(step: int) -> float:
+        if not t.cooldown:
+            return shape(step)
+        spent = max(step / t.max_steps, time_spent())
+        return shape(step) * min(1.0, max(1.0 - spent, 0.0) / t.cooldown)
+
+    return factor
+
+
+def schedule_shape(cfg: Config) -> Callable[[int], float]:
+    """train.schedule's multiplier of train.lr after `step` updates, before any cooldown."""
     t, d = cfg.train, cfg.model.d_model
     warmup = max(t.warmup_steps, 1)
 

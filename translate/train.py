@@ -165,7 +165,8 @@ class Trainer:
         seed_everything(cfg.seed)
         self.model = Transformer(cfg.model, self.tokenizer.vocab_size).to(self.device)
         self.optimizer = build_optimizer(cfg, self.model)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.time_spent = 0.0  # the share of train.max_time trained, as the ranks agreed after the last update
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, lambda: self.time_spent))
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == torch.float16)
         self.state = TrainState()
         last = self.ckpt_dir / "last.pt"
@@ -312,8 +313,8 @@ class Trainer:
         skipped = ~(torch.isfinite(grad_norm) & torch.isfinite(loss_sum))
         self._step(skipped)
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
         stop, out_of_time = self.agree(stop_signal)
+        self.scheduler.step()  # after agree(): train.cooldown reads the time spent
         local = sum(b.ntokens for b in batches)
         return UpdateResult(loss_sum, nll_sum, grad_norm, skipped, local, all_ntokens, stop, out_of_time)
 
@@ -333,14 +334,16 @@ class Trainer:
 
     def agree(self, stop_signal: int = 0) -> tuple[bool, bool]:
         """(a rank was asked to stop, rank 0 says train.max_time is spent): host values, the same on
-        every rank (one collective on the host), so that all stop after the same update."""
-        over = self.main and self.budget is not None and self.trained_time() >= self.budget
-        if not self.distributed:
-            return bool(stop_signal), over
-        flags = torch.tensor([float(bool(stop_signal)), float(over)])
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.host_group)
-        stop, over = flags.tolist()
-        return stop > 0, over > 0
+        every rank (one collective on the host), so that all stop after the same update. Sets
+        `time_spent`, rank 0's share of the time budget trained, for the schedule's cooldown."""
+        spent = self.trained_time() / self.budget if self.main and self.budget else 0.0
+        over = spent >= 1.0
+        if self.distributed:
+            flags = torch.tensor([float(bool(stop_signal)), float(over), spent], dtype=torch.float64)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.host_group)
+            stop_signal, over, spent = flags.tolist()
+        self.time_spent = spent
+        return bool(stop_signal), bool(over)
 
     # ------------------------------------------------------------------------ validation
 
