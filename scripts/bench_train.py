@@ -204,7 +204,7 @@ def print_cpu_table(cfg, first: Trainer, contenders, padded, pad, n_batches, pea
     device = first.device
     print()
     print(
-        f"model: {sum(p.numel() for p in first.model.parameters()):,} parameters; batches of train.max_tokens={cfg.train.max_tokens}; threads {torch.get_num_threads()}"
+        f"model: {sum(p.numel() for p in first.model.parameters()):,} parameters; batches of train.max_tokens={first.max_tokens}; threads {torch.get_num_threads()}"
     )
     print(f"padding: {pad:.2%} of source + target positions in the epoch's {n_batches} batches")
     positions = sum(b.src.numel() + b.tgt_out.numel() for b in padded)
@@ -321,7 +321,7 @@ def steady_benchmark(cfg: Config, args: argparse.Namespace) -> None:
         trainer = make_trainer(cfg, [f"name={cfg.name}_bench", *overrides])
         t = trainer.cfg.train
         what = (
-            f"{label}: {t.max_tokens:,} tokens x {t.accumulate}, {trainer.precision}, compile {t.compile}, "
+            f"{label}: {trainer.max_tokens:,} tokens x {t.accumulate}, {trainer.precision}, compile {t.compile}, "
             f"attention {t.attention}, pad_to_multiple {t.pad_to_multiple} ({trainer.padding.reason})"
         )
         print(f"== {what}", flush=True)

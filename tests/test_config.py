@@ -44,6 +44,10 @@ def test_unknown_key_suggests_closest():
         ({"train": {"pad_to_multiple": 0}}, r"train.pad_to_multiple must be auto or at least 1"),
         ({"train": {"eval_max_sentences": "all"}}, r"train.eval_max_sentences' expects int or null"),
         ({"train": {"cooldown": 1.5}}, r"train.cooldown must be a share of the run in \[0, 1\], got 1.5"),
+        ({"train": {"max_tokens": {"fp32": 1536, "bf16": 2304}}}, r"needs a number for each of fp32, bf16, fp16"),
+        ({"train": {"max_tokens": {"fp32": 1536, "bf16": 2304, "fp8": 1}}}, r"train.max_tokens' expects int or a map"),
+        ({"train": {"max_tokens": {"fp32": 64, "bf16": 2304, "fp16": 2304}}}, r"train.max_tokens .* data.max_len"),
+        ({"train": {"max_tokens": "many"}}, r"train.max_tokens' expects int or a mapping of 'fp32'"),
     ],
 )
 def test_bad_values_name_the_key(raw, message):
@@ -60,6 +64,9 @@ def test_overrides_and_yaml_quirks():
     assert config_from_dict({"train": {"amp": False}}, ["train.amp=off"]).train.amp == "off"  # YAML 1.1: off is False
     assert config_from_dict({}, ["train.pad_to_multiple=16"]).train.pad_to_multiple == 16
     assert config_from_dict({}, ["train.pad_to_multiple=auto"]).train.pad_to_multiple == "auto"
+    by_precision = {"train": {"max_tokens": {"fp32": 1536, "bf16": 2304, "fp16": 2304}}}
+    assert config_from_dict(by_precision, ["train.max_tokens.fp32=1024"]).train.max_tokens["fp32"] == 1024
+    assert config_from_dict(by_precision, ["train.max_tokens=4096"]).train.max_tokens == 4096  # one for all
     with pytest.raises(UserError, match="section.key=value"):
         config_from_dict({}, ["model.d_model"])
     with pytest.raises(UserError, match="unknown config key 'model.dmodel'"):
@@ -67,7 +74,10 @@ def test_overrides_and_yaml_quirks():
 
 
 def test_round_trip_through_run_dir(tmp_path):
-    cfg = config_from_dict({"model": {"d_model": 64, "n_heads": 2}}, ["train.max_steps=7"])
+    cfg = config_from_dict(
+        {"model": {"d_model": 64, "n_heads": 2}},
+        ["train.max_steps=7", "train.max_tokens={fp32: 512, bf16: 1024, fp16: 1024}"],
+    )
     save_config(cfg, tmp_path / "config.yaml")
     again = load_config(tmp_path / "config.yaml")
     assert again == cfg

@@ -134,6 +134,26 @@ def test_pad_to_multiple_auto_in_fp32_takes_the_same_batches_unpadded(tmp_path, 
         t.close()
 
 
+def test_max_tokens_by_precision_takes_the_entry_of_the_precision_chosen(tmp_path, monkeypatch, caplog):
+    """train.max_tokens as a mapping: the trainer forms its batches (and the validation loss's) with
+    the entry of the precision train.amp chose, as a plain number of that size would, and logs it."""
+    monkeypatch.setattr(hardware, "_cpu_info", hardware.CpuInfo("AVX512", True, "mocked", 2))  # bf16 allowed
+    by_precision = {"fp32": 300, "bf16": 1000, "fp16": 2000}
+    with caplog.at_level(logging.INFO):
+        fp32 = Trainer(cfg_for(tmp_path, "fp32", amp="off", max_tokens=by_precision), resume=False)
+    bf16 = Trainer(cfg_for(tmp_path, "bf16", amp="bf16", max_tokens=by_precision), resume=False)
+    plain = Trainer(cfg_for(tmp_path, "plain", amp="off", max_tokens=300), resume=False)
+    assert (fp32.max_tokens, bf16.max_tokens, plain.max_tokens) == (300, 1000, 300)
+    assert fp32.validator.max_tokens == 300 and bf16.validator.max_tokens == 1000
+    ours, theirs = fp32.epoch_batches(0), plain.epoch_batches(0)
+    assert len(ours) == len(theirs) and all(np.array_equal(a, b) for a, b in zip(ours, theirs))
+    assert len(bf16.epoch_batches(0)) < len(ours)  # larger batches, fewer of them
+    assert "max_tokens 300: by precision: fp32 -> 300" in caplog.text
+    assert "by precision: bf16 -> 1000" in bf16.hardware()["max_tokens"]
+    for t in (fp32, bf16, plain):
+        t.close()
+
+
 def test_bf16_autocast_on_cpu_trains(tmp_path, monkeypatch):
     monkeypatch.setattr(hardware, "_cpu_info", hardware.CpuInfo("AVX512", True, "mocked", 2))  # emulated if not
     t = Trainer(cfg_for(tmp_path, "bf16", amp="bf16"), resume=False)

@@ -80,7 +80,9 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    max_tokens: int = 4096  # per batch per device, padding included
+    # Per batch per device, padding included; or one number per precision (fp32, bf16, fp16): the precision
+    # train.amp chooses on the hardware picks it (hardware.choose_max_tokens)
+    max_tokens: Union[int, dict[Literal["fp32", "bf16", "fp16"], int]] = 4096
     # Batches packed by lengths (source, target) rounded up to a multiple of this, padded to it, and on a CPU the
     # rows of the output projection rounded to 8x it: a few distinct matrix shapes, so that host memory stays flat
     # over a run (1: lengths as they come). auto: packed by multiples of 8, padded to 8 in bf16/fp16 and on GPUs,
@@ -173,6 +175,8 @@ def _type_name(tp: Any) -> str:
         return " or ".join(_type_name(a) for a in args) + null
     if origin is list:
         return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return "a mapping of {} to {}".format(*(_type_name(a) for a in typing.get_args(tp)))
     return getattr(tp, "__name__", str(tp))
 
 
@@ -200,6 +204,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise bad
         (inner,) = typing.get_args(tp)
         return [_coerce(v, inner, key) for v in value]
+    if origin is dict:
+        if not isinstance(value, dict) or not value:
+            raise bad
+        key_type, value_type = typing.get_args(tp)
+        return {_coerce(k, key_type, key): _coerce(v, value_type, key) for k, v in value.items()}
     if tp is bool:
         if not isinstance(value, bool):
             raise bad
@@ -267,6 +276,14 @@ def _set_dotted(raw: dict[str, Any], assignment: str) -> None:
     node[keys[-1]] = value
 
 
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def max_tokens_values(t: TrainConfig) -> list[int]:
+    """The batch sizes train.max_tokens names: one, or one per precision."""
+    return list(t.max_tokens.values()) if isinstance(t.max_tokens, dict) else [t.max_tokens]
+
+
 def _rules(cfg: Config) -> list[tuple[bool, str]]:
     """(holds, the message if it does not) for each range rule of the config."""
     m, t, v = cfg.model, cfg.train, cfg.vocab
@@ -285,9 +302,13 @@ def _rules(cfg: Config) -> list[tuple[bool, str]]:
         (t.lr > 0, f"train.lr must be positive, got {t.lr}"),
         (t.min_lr >= 0, "train.min_lr must not be negative"),
         (0 <= t.cooldown <= 1, f"train.cooldown must be a share of the run in [0, 1], got {t.cooldown}"),
-        (t.max_tokens >= 16, f"train.max_tokens must be at least 16, got {t.max_tokens}"),
         (
-            t.max_tokens >= cfg.data.max_len,
+            not isinstance(t.max_tokens, dict) or set(t.max_tokens) == set(PRECISIONS),
+            f"train.max_tokens by precision needs a number for each of {', '.join(PRECISIONS)}, got {t.max_tokens}",
+        ),
+        (min(max_tokens_values(t)) >= 16, f"train.max_tokens must be at least 16, got {t.max_tokens}"),
+        (
+            min(max_tokens_values(t)) >= cfg.data.max_len,
             f"train.max_tokens ({t.max_tokens}) is smaller than one sentence of data.max_len ({cfg.data.max_len}) "
             "tokens: raise train.max_tokens or lower data.max_len",
         ),

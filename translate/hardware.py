@@ -149,6 +149,15 @@ def choose_padding(setting: int | str, device: torch.device, amp: torch.dtype | 
     return Padding(PACK_MULTIPLE, PACK_MULTIPLE, f"{precision_name(amp)} on {device.type} -> padded to {PACK_MULTIPLE}")
 
 
+def choose_max_tokens(setting: int | dict[str, int], amp: torch.dtype | None) -> tuple[int, str]:
+    """`train.max_tokens` at this precision: a number, or the mapping's entry for the precision
+    train.amp chose (the config checks that it has one for each); and why, for the log."""
+    if not isinstance(setting, dict):
+        return setting, "one size for every precision"
+    chosen = setting[precision_name(amp)]
+    return chosen, f"by precision: {precision_name(amp)} -> {chosen}"
+
+
 def precision_name(amp: torch.dtype | None) -> str:
     """fp32, bf16 or fp16: what an autocast dtype (None: none) trains at."""
     return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp]

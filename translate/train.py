@@ -59,6 +59,7 @@ from translate.errors import UserError
 from translate.hardware import (
     attention_kernels,
     choose_amp,
+    choose_max_tokens,
     choose_padding,
     cpu_info,
     is_out_of_memory,
@@ -131,6 +132,7 @@ class Trainer:
         self.device = resolve_device(cfg.train.device, "train.device", world.local_rank)
         self.amp, self.amp_reason = choose_amp(cfg.train.amp, self.device)
         self.padding = choose_padding(cfg.train.pad_to_multiple, self.device, self.amp)
+        self.max_tokens, self.max_tokens_reason = choose_max_tokens(cfg.train.max_tokens, self.amp)
         self.budget = parse_duration(cfg.train.max_time) if cfg.train.max_time is not None else None
 
     def _prepare(self, cfg: Config, resume: bool) -> dict[str, Any] | None:
@@ -157,7 +159,7 @@ class Trainer:
         self.tokenizer = Tokenizer.load(self.run / "spm.model")
         self.train_data = load_split(data_dir, "train")
         self.validator = Validator(
-            cfg, data_dir, self.tokenizer, self.device, self.amp, self.padding, self.rank, self.world
+            cfg, data_dir, self.tokenizer, self.device, self.amp, self.padding, self.max_tokens, self.rank, self.world
         )
 
     def _build(self, cfg: Config, resume: bool, resumed: dict[str, Any] | None, init: dict[str, Any] | None) -> None:
@@ -191,6 +193,7 @@ class Trainer:
         save_config(cfg, self.run / "config.yaml", header=header)
         log.info(f"amp {cfg.train.amp}: {self.amp_reason}")
         log.info(f"pad_to_multiple {cfg.train.pad_to_multiple}: {self.padding.reason}")
+        log.info(f"max_tokens {self.max_tokens}: {self.max_tokens_reason}")
         log.info(
             f"model: {count_parameters(self.model):,} parameters, vocab {self.tokenizer.vocab_size}; "
             f"device {self.device}, precision {self.precision}, world size {self.world}; "
@@ -209,6 +212,7 @@ class Trainer:
             "precision": self.precision,
             "reason": f"train.amp {self.cfg.train.amp}: {self.amp_reason}",
             "padding": f"train.pad_to_multiple {self.cfg.train.pad_to_multiple}: {self.padding.reason}",
+            "max_tokens": f"train.max_tokens {self.max_tokens}: {self.max_tokens_reason}",
             "cpu": info.capability,
             "cpu_native_bf16": info.native_bf16,
             "world_size": self.world,
@@ -241,9 +245,8 @@ class Trainer:
         return batch.pin_memory() if self.device.type == "cuda" else batch
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        t = self.cfg.train
         lens = self.train_data.src_lens, self.train_data.tgt_lens
-        batches = token_batches(*lens, t.max_tokens, self.cfg.seed, epoch, pad_to_multiple=self.padding.pack)
+        batches = token_batches(*lens, self.max_tokens, self.cfg.seed, epoch, pad_to_multiple=self.padding.pack)
         return batches[: len(batches) - len(batches) % self.world]
 
     def planned_updates(self, epoch: int, position: int) -> Iterator[PlannedUpdate]:
@@ -255,7 +258,7 @@ class Trainer:
             batches = self.epoch_batches(epoch)
             if len(batches) < per_update:
                 raise UserError(
-                    f"the train split gives {len(batches)} batches of train.max_tokens={t.max_tokens} tokens, "
+                    f"the train split gives {len(batches)} batches of train.max_tokens={self.max_tokens} tokens, "
                     f"fewer than one update needs ({per_update}): lower train.max_tokens or train.accumulate"
                 )
             while position + per_update <= len(batches):
@@ -302,7 +305,7 @@ class Trainer:
                 (B, S), T, t = batch.src.shape, batch.tgt_in.size(1), self.cfg.train
                 raise UserError(
                     f"out of memory on {self.device} at step {self.state.step}, on a batch of {B} sentences of up "
-                    f"to {S} source and {T} target tokens: lower train.max_tokens (now {t.max_tokens}) and raise "
+                    f"to {S} source and {T} target tokens: lower train.max_tokens (now {self.max_tokens}) and raise "
                     f"train.accumulate (now {t.accumulate}) to keep the tokens per update"
                 ) from None
             loss_sum = loss_sum + loss.detach()

@@ -34,6 +34,7 @@ class Validator:
         device: torch.device,
         amp: torch.dtype | None,
         padding: Padding,
+        max_tokens: int,
         rank: int,
         world: int,
     ) -> None:
@@ -45,7 +46,7 @@ class Validator:
             rank,
             world,
         )
-        self.padding = padding  # the validation loss's batches are formed and padded as training's
+        self.padding, self.max_tokens = padding, max_tokens  # the loss's batches are formed as training's
         self.data = load_split(data_dir, "valid")
         self.sources = read_all_lines(data_dir / f"valid.{cfg.data.src_lang}", "valid source")
         self.refs = read_all_lines(data_dir / f"valid.{cfg.data.tgt_lang}", "valid reference")
@@ -70,15 +71,14 @@ class Validator:
 
     def loss(self, model: Transformer) -> dict[str, float]:
         """Label-smoothed loss, NLL and perplexity per target token, over every rank's batches."""
-        t = self.cfg.train
         lens = self.data.src_lens, self.data.tgt_lens
-        batches = token_batches(*lens, t.max_tokens, shuffle=False, pad_to_multiple=self.padding.pack)
+        batches = token_batches(*lens, self.max_tokens, shuffle=False, pad_to_multiple=self.padding.pack)
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)
         for idx in batches[self.rank :: self.world]:
             batch = collate(self.data, idx, self.padding.pad).to(self.device)
             with torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
                 logits = model(batch.src, batch.tgt_in)
-            loss, nll, n = label_smoothed_nll_loss(logits, batch.tgt_out, t.label_smoothing, PAD)
+            loss, nll, n = label_smoothed_nll_loss(logits, batch.tgt_out, self.cfg.train.label_smoothing, PAD)
             sums += torch.stack([loss.double(), nll.double(), n.double()])
         if self.world > 1:
             dist.all_reduce(sums)
