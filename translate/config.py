@@ -78,11 +78,15 @@ class ModelConfig:
     max_positions: int = 1024
 
 
+Precision = Literal["fp32", "bf16", "fp16"]  # what train.amp trains at (hardware.precision_name)
+PRECISIONS = typing.get_args(Precision)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     # Per batch per device, padding included; or one number per precision (fp32, bf16, fp16): the precision
     # train.amp chooses on the hardware picks it (hardware.choose_max_tokens)
-    max_tokens: Union[int, dict[Literal["fp32", "bf16", "fp16"], int]] = 4096
+    max_tokens: Union[int, dict[Precision, int]] = 4096
     # Batches packed by lengths (source, target) rounded up to a multiple of this, padded to it, and on a CPU the
     # rows of the output projection rounded to 8x it: a few distinct matrix shapes, so that host memory stays flat
     # over a run (1: lengths as they come). auto: packed by multiples of 8, padded to 8 in bf16/fp16 and on GPUs,
@@ -274,9 +278,6 @@ def _set_dotted(raw: dict[str, Any], assignment: str) -> None:
             raise UserError(f"--set {path}: '{k}' is not a section")
         node = child
     node[keys[-1]] = value
-
-
-PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def max_tokens_values(t: TrainConfig) -> list[int]:
