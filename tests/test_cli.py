@@ -1,6 +1,7 @@
 """End to end through the real command line: prepare -> train -> decode -> evaluate -> ..."""
 
 import json
+import os
 import sys
 
 import pytest
@@ -39,7 +40,8 @@ def test_training_writes_run_dir_checkpoints_and_tensorboard(trained_run):
     ckpts = run / "checkpoints"
     assert {"last.pt", "best.pt", "step_0000004.pt", "step_0000008.pt"} <= {p.name for p in ckpts.iterdir()}
     assert yaml.safe_load((run / "config.yaml").read_text())["train"]["max_steps"] == 8
-    assert "training stopped" in (run / "train.log").read_text()
+    log = (run / "train.log").read_text()
+    assert "training stopped" in log and "oneDNN primitive cache " in log
     events = EventAccumulator(str(run / "tb"), size_guidance={"images": 0, "tensors": 0}).Reload()
     scalars = set(events.Tags()["scalars"])
     expected = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s"}
@@ -52,6 +54,31 @@ def test_training_writes_run_dir_checkpoints_and_tensorboard(trained_run):
         assert len(memory) == 4 and all(50 < m < 100_000 for m in memory)
     assert any(t.startswith("valid/attention") for t in events.Tags()["images"])
     assert "valid/samples/text_summary" in events.Tags()["tensors"]
+
+
+def test_the_onednn_primitive_cache_is_sized_by_the_cpu_unless_set(tmp_path, monkeypatch):
+    """16 primitives with AMX, 1,024 (oneDNN's own default) without; a value the user set is kept."""
+    from translate import cli
+
+    amx, avx512 = tmp_path / "amx", tmp_path / "avx512"
+    amx.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n\n")
+    avx512.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\n\n")
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    assert cli._cpu_uses_amx(str(amx)) and not cli._cpu_uses_amx(str(avx512))
+    assert not cli._cpu_uses_amx(str(tmp_path / "missing"))
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")  # AMX not allowed
+    assert not cli._cpu_uses_amx(str(amx))
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
+    assert cli._cpu_uses_amx(str(amx))
+    monkeypatch.setattr(cli, "_cpu_uses_amx", lambda: True)
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    assert cli._onednn_primitive_cache() == "16: the CPU has AMX"
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "200")
+    assert cli._onednn_primitive_cache() == "200: ONEDNN_PRIMITIVE_CACHE_CAPACITY as set"
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+    monkeypatch.setattr(cli, "_cpu_uses_amx", lambda: False)
+    assert cli._onednn_primitive_cache() == "1024: no AMX on this CPU"
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"
 
 
 @pytest.mark.slow  # trains end to end: `make test-all` and CI run it

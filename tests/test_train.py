@@ -18,6 +18,7 @@ from translate.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, load_model,
 from translate.config import config_from_dict, load_config
 from translate.errors import UserError
 from translate.syncs import SyncCounter
+from translate.tokenizer import PAD
 from translate.train import Trainer, lr_lambda
 
 
@@ -110,6 +111,31 @@ def test_padding_to_a_multiple_changes_neither_loss_nor_gradient(tmp_path):
         torch.testing.assert_close(g8, g1, rtol=1e-4, atol=1e-6)
     for t in (a, b):
         t.close()
+
+
+def test_the_validation_loss_projects_positions_as_training_does(tmp_path):
+    """The validation loss's batches are shaped as training's, the count of projected positions
+    rounded too (no new shapes for oneDNN to build at every validation), and the loss is the same
+    as with nothing padded."""
+    losses, rows, weights = {}, {}, None
+    for pad in (1, 8):
+        t = Trainer(cfg_for(tmp_path, f"v{pad}", pad_to_multiple=pad), resume=False)
+        if weights is None:
+            weights = {k: v.clone() for k, v in t.model.state_dict().items()}
+        t.model.load_state_dict(weights)
+        seen = rows.setdefault(pad, [])
+        hook = t.model.register_forward_hook(
+            lambda m, args, out, seen=seen: seen.append((out.shape, int((args[1] != PAD).sum()), args[1].numel()))
+        )
+        t.model.eval()
+        losses[pad] = t.validator.loss(t.model)
+        hook.remove()
+        t.close()
+    assert rows[1] and len(rows[1]) == len(rows[8])  # per batch: logits' shape, target tokens, B x T positions
+    assert all(len(shape) == 2 and shape[0] == ntokens for shape, ntokens, _ in rows[1])  # the non-pad positions
+    assert all(shape[0] == min(round_up(ntokens, 64), positions) for shape, ntokens, positions in rows[8])
+    for key in ("loss", "nll"):
+        assert losses[8][key] == pytest.approx(losses[1][key], rel=1e-5)
 
 
 def test_pad_to_multiple_auto_in_fp32_takes_the_same_batches_unpadded(tmp_path, caplog):

@@ -132,6 +132,12 @@ class Padding:
     pad: int
     reason: str
 
+    @property
+    def project(self) -> int:
+        """The multiple the count of positions projected onto the vocabulary is rounded up to
+        (data.projected_positions): 8x `pad`, the non-pad positions alone where nothing is padded."""
+        return 8 * self.pad if self.pad > 1 else 1
+
 
 def choose_padding(setting: int | str, device: torch.device, amp: torch.dtype | None) -> Padding:
     """`train.pad_to_multiple` on this hardware. A number n packs and pads to n.

@@ -240,8 +240,7 @@ class Trainer:
         """Training's batch of these sentences: lengths padded as train.pad_to_multiple says on this
         hardware (`self.padding`), the positions to project rounded to 8x it, in pinned memory where a
         GPU will copy it."""
-        pad = self.padding.pad
-        batch = collate(self.train_data, indices, pad, project_multiple=8 * pad if pad > 1 else 1)
+        batch = collate(self.train_data, indices, self.padding.pad, project_multiple=self.padding.project)
         return batch.pin_memory() if self.device.type == "cuda" else batch
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
