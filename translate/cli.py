@@ -190,7 +190,7 @@ def _onednn_primitive_cache() -> str:
     "Host memory over a run"). Where they run on AVX-512, oneDNN's default of 1,024 is the
     flatter choice for the default run's batches (packed by rounded lengths): over 1,500 updates on a Zen 5
     its memory grew 8-14 % above update 100, against 16-21 % with 64, at the same speed (16 was
-    17 % slower). With AMX (Intel) the heap grows more: at 64 the default hour's memory rose 35 %
+    13-19 % slower). With AMX (Intel) the heap grows more: at 64 the default hour's memory rose 35 %
     on a Xeon; at 16 it stayed within 13 % over 800 to 2,000 updates, 5 % slower."""
     import os
 
