@@ -71,7 +71,8 @@ def test_the_onednn_primitive_cache_is_sized_by_the_cpu_unless_set(tmp_path, mon
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
     assert cli._cpu_uses_amx(str(amx))
     monkeypatch.setattr(cli, "_cpu_uses_amx", lambda: True)
-    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "")  # recorded, so the value set below is undone after
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
     assert cli._onednn_primitive_cache() == "16: the CPU has AMX"
     monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "200")
     assert cli._onednn_primitive_cache() == "200: ONEDNN_PRIMITIVE_CACHE_CAPACITY as set"

@@ -246,7 +246,7 @@ def train(
         torch.set_num_threads(cfg.train.threads)
     if world.main:
         _log_to_file(cfg.run_path / "train.log")
-        log.info(f"oneDNN primitive cache {cache}")
+        log.debug(f"oneDNN primitive cache {cache}")  # train.log only: the console keeps to the run
     metrics = run_train(cfg, resume=resume)
     if metrics and world.main:
         typer.echo(f"last validation: {json.dumps({k: round(v, 3) for k, v in metrics.items()})}")
