@@ -134,6 +134,11 @@ class Batch:
         moved = (x.to(device, non_blocking=nb) for x in (self.src, self.tgt_in, self.tgt_out))
         return Batch(*moved, self.ntokens, keep)
 
+    def target(self) -> torch.Tensor:
+        """The targets the logits of model(src, tgt_in, keep) line up with: those of the positions
+        `keep` (N,), or all of tgt_out (B, T) where keep is None."""
+        return self.tgt_out.view(-1).index_select(0, self.keep) if self.keep is not None else self.tgt_out
+
     def pin_memory(self) -> Batch:
         keep = self.keep.pin_memory() if self.keep is not None else None
         return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory(), self.ntokens, keep)

@@ -276,8 +276,7 @@ class Trainer:
         kernels = attention_kernels(self.cfg.train.attention, self.device)
         with kernels, torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
             logits = self.net(batch.src, batch.tgt_in, batch.keep)
-        target = batch.tgt_out.view(-1).index_select(0, batch.keep) if batch.keep is not None else batch.tgt_out
-        loss, nll, _ = label_smoothed_nll_loss(logits, target, self.cfg.train.label_smoothing, PAD)
+        loss, nll, _ = label_smoothed_nll_loss(logits, batch.target(), self.cfg.train.label_smoothing, PAD)
         return loss, nll
 
     def update(self, batches: list[Batch], all_ntokens: int | None = None, stop_signal: int = 0) -> UpdateResult:

@@ -79,8 +79,7 @@ class Validator:
             batch = collate(self.data, idx, self.padding.pad, self.padding.project).to(self.device)
             with torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
                 logits = model(batch.src, batch.tgt_in, batch.keep)
-            target = batch.tgt_out.view(-1).index_select(0, batch.keep) if batch.keep is not None else batch.tgt_out
-            loss, nll, n = label_smoothed_nll_loss(logits, target, self.cfg.train.label_smoothing, PAD)
+            loss, nll, n = label_smoothed_nll_loss(logits, batch.target(), self.cfg.train.label_smoothing, PAD)
             sums += torch.stack([loss.double(), nll.double(), n.double()])
         if self.world > 1:
             dist.all_reduce(sums)
