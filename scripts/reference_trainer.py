@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from translate.config import Config
 from translate.data import Batch
+from translate.hardware import by_precision
 from translate.model import sinusoidal_positions
 from translate.tokenizer import PAD
 
@@ -65,7 +66,8 @@ class ReferenceTrainer:
         self.cfg = cfg
         self.model = ReferenceModel(cfg, vocab_size)
         self.model.train()
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=t.lr, betas=tuple(t.adam_betas), eps=t.adam_eps)
+        lr = by_precision(t.lr, None)[0]  # it trains in fp32
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr, betas=tuple(t.adam_betas), eps=t.adam_eps)
 
     def step(self, batch: Batch) -> float:
         logits = self.model(batch.src, batch.tgt_in)

@@ -44,10 +44,14 @@ def test_unknown_key_suggests_closest():
         ({"train": {"pad_to_multiple": 0}}, r"train.pad_to_multiple must be auto or at least 1"),
         ({"train": {"eval_max_sentences": "all"}}, r"train.eval_max_sentences' expects int or null"),
         ({"train": {"cooldown": 1.5}}, r"train.cooldown must be a share of the run in \[0, 1\], got 1.5"),
-        ({"train": {"max_tokens": {"fp32": 1536, "bf16": 2304}}}, r"needs a number for each of fp32, bf16, fp16"),
+        ({"train": {"max_tokens": {"fp32": 1536, "bf16": 2304}}}, r"needs a value for each of fp32, bf16, fp16"),
         ({"train": {"max_tokens": {"fp32": 1536, "bf16": 2304, "fp8": 1}}}, r"train.max_tokens' expects int or a map"),
         ({"train": {"max_tokens": {"fp32": 64, "bf16": 2304, "fp16": 2304}}}, r"train.max_tokens .* data.max_len"),
         ({"train": {"max_tokens": "many"}}, r"train.max_tokens' expects int or a mapping of 'fp32'"),
+        ({"train": {"max_tokens": {}}}, r"train.max_tokens' expects int or a mapping"),
+        ({"train": {"lr": {"fp32": 1.5e-3, "bf16": 1e-3}}}, r"train.lr by precision needs a value for each of fp32"),
+        ({"train": {"lr": {"fp32": -1.0, "bf16": 1e-3, "fp16": 1e-3}}}, r"train.lr must be positive"),
+        ({"train": {"lr": {"fp32": "fast", "bf16": 1e-3, "fp16": 1e-3}}}, r"train.lr' expects float or a mapping"),
     ],
 )
 def test_bad_values_name_the_key(raw, message):
@@ -67,6 +71,8 @@ def test_overrides_and_yaml_quirks():
     by_precision = {"train": {"max_tokens": {"fp32": 1536, "bf16": 2304, "fp16": 2304}}}
     assert config_from_dict(by_precision, ["train.max_tokens.fp32=1024"]).train.max_tokens["fp32"] == 1024
     assert config_from_dict(by_precision, ["train.max_tokens=4096"]).train.max_tokens == 4096  # one for all
+    lrs = config_from_dict({"train": {"lr": {"fp32": "1.5e-3", "bf16": 1e-3, "fp16": 1e-3}}}, ["train.lr.bf16=7e-4"])
+    assert lrs.train.lr == pytest.approx({"fp32": 1.5e-3, "bf16": 7e-4, "fp16": 1e-3})
     with pytest.raises(UserError, match="section.key=value"):
         config_from_dict({}, ["model.d_model"])
     with pytest.raises(UserError, match="unknown config key 'model.dmodel'"):

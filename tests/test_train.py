@@ -29,7 +29,7 @@ def cfg_for(tmp_path, name="t", model=None, **train):
 @pytest.mark.parametrize("schedule", ["noam", "inverse_sqrt", "cosine"])
 def test_schedules_warm_up_then_decay(schedule):
     cfg = config_from_dict({"train": {"schedule": schedule, "warmup_steps": 100, "max_steps": 1000, "lr": 1e-3}})
-    f = lr_lambda(cfg)
+    f = lr_lambda(cfg, cfg.train.lr)
     lrs = [f(s) * cfg.train.lr for s in range(1000)]
     peak = int(np.argmax(lrs))
     assert 95 <= peak <= 100
@@ -46,8 +46,8 @@ def test_schedules_warm_up_then_decay(schedule):
 @pytest.mark.parametrize("schedule", ["inverse_sqrt", "cosine"])
 def test_cooldown_takes_the_lr_linearly_to_zero_over_the_last_share_of_the_run(schedule):
     train = {"schedule": schedule, "warmup_steps": 100, "max_steps": 1000, "lr": 1e-3}
-    plain = lr_lambda(config_from_dict({"train": train}))
-    f = lr_lambda(config_from_dict({"train": {**train, "cooldown": 0.25}}))
+    plain = lr_lambda(config_from_dict({"train": train}), 1e-3)
+    f = lr_lambda(config_from_dict({"train": {**train, "cooldown": 0.25}}), 1e-3)
     assert [f(s) for s in range(750)] == [plain(s) for s in range(750)]  # untouched before the last quarter
     cooled = [plain(s) * (1000 - s) / 250 for s in range(750, 1000)]
     assert [f(s) for s in range(750, 1000)] == pytest.approx(cooled)
@@ -55,7 +55,7 @@ def test_cooldown_takes_the_lr_linearly_to_zero_over_the_last_share_of_the_run(s
 
     # With a time budget the run's end is the budget's where it comes first: the share of it trained.
     spent = 0.0
-    timed = lr_lambda(config_from_dict({"train": {**train, "cooldown": 0.25}}), lambda: spent)
+    timed = lr_lambda(config_from_dict({"train": {**train, "cooldown": 0.25}}), 1e-3, lambda: spent)
     assert timed(300) == plain(300)
     spent = 0.875
     assert timed(300) == pytest.approx(plain(300) * 0.5)
@@ -67,7 +67,7 @@ def test_the_trainer_cools_down_by_the_time_budget_it_has_spent(tmp_path, monkey
     t = Trainer(cfg_for(tmp_path, max_steps=1000, max_time="1h", cooldown=0.5), resume=False)
     monkeypatch.setattr(t, "trained_time", lambda: 0.75 * 3600)  # three quarters of the hour trained
     t.update([t.collate(t.epoch_batches(0)[0])])
-    shape = lr_lambda(cfg_for(tmp_path, "plain", max_steps=1000))
+    shape = lr_lambda(cfg_for(tmp_path, "plain", max_steps=1000), 2e-3)
     assert t.time_spent == 0.75
     assert t.scheduler.get_last_lr()[0] == pytest.approx(2e-3 * shape(1) * 0.5)
     t.close()
@@ -178,6 +178,45 @@ def test_max_tokens_by_precision_takes_the_entry_of_the_precision_chosen(tmp_pat
     assert "by precision: bf16 -> 1000" in bf16.hardware()["max_tokens"]
     for t in (fp32, bf16, plain):
         t.close()
+
+
+def test_lr_by_precision_takes_the_entry_of_the_precision_chosen(tmp_path, monkeypatch, caplog):
+    """train.lr as a mapping: the optimizer and the schedule peak at the entry of the precision
+    train.amp chose, as a plain number would, and the log says which and why."""
+    monkeypatch.setattr(hardware, "_cpu_info", hardware.CpuInfo("AVX512", True, "mocked", 2))  # bf16 allowed
+    by_precision = {"fp32": 3e-3, "bf16": 1e-3, "fp16": 5e-4}
+    still = {"dropout": 0.0}  # updates that draw nothing from the shared random state
+    with caplog.at_level(logging.INFO):
+        fp32 = Trainer(cfg_for(tmp_path, "fp32", model=still, amp="off", lr=by_precision, warmup_steps=2), resume=False)
+    bf16 = Trainer(cfg_for(tmp_path, "bf16", model=still, amp="bf16", lr=by_precision, warmup_steps=2), resume=False)
+    plain = Trainer(cfg_for(tmp_path, "plain", model=still, amp="off", lr=3e-3, warmup_steps=2), resume=False)
+    for t in (fp32, bf16, plain):
+        t.update([t.collate(t.epoch_batches(0)[0])])  # the next update ends the warmup: the peak
+    peaks = [t.scheduler.get_last_lr()[0] for t in (fp32, bf16, plain)]
+    assert peaks == pytest.approx([3e-3, 1e-3, 3e-3])
+    pairs = zip(fp32.model.parameters(), plain.model.parameters())
+    assert all(torch.equal(a, b) for a, b in pairs)  # the same updates as the plain number
+    assert "lr 0.003: by precision: fp32 -> 0.003" in caplog.text
+    assert "by precision: bf16 -> 0.001" in bf16.hardware()["lr"]
+    for t in (fp32, bf16, plain):
+        t.close()
+
+
+def test_a_run_resumed_with_another_lr_goes_on_at_the_new_peak(tmp_path):
+    """train.lr may change on --resume (or another precision's entry apply): the schedule goes on
+    from the step it reached, scaled to the new peak; unchanged, nothing moves (exact resume)."""
+    Trainer(cfg_for(tmp_path, "r", max_steps=6), resume=False).fit()
+    same = Trainer(cfg_for(tmp_path, "r", max_steps=8), resume=True)
+    lr, base = same.optimizer.param_groups[0]["lr"], same.scheduler.base_lrs
+    same.close()
+    assert base == [2e-3] and lr == same.scheduler.get_last_lr()[0]
+    doubled = Trainer(cfg_for(tmp_path, "r", max_steps=8, lr=4e-3), resume=True)
+    assert doubled.optimizer.param_groups[0]["lr"] == pytest.approx(2 * lr)
+    assert doubled.scheduler.get_last_lr()[0] == pytest.approx(2 * lr)
+    doubled.update([doubled.collate(doubled.epoch_batches(0)[0])])
+    shape = lr_lambda(doubled.cfg, 4e-3)
+    assert doubled.scheduler.get_last_lr()[0] == pytest.approx(4e-3 * shape(doubled.scheduler.last_epoch))
+    doubled.close()
 
 
 def test_bf16_autocast_on_cpu_trains(tmp_path, monkeypatch):

@@ -85,7 +85,7 @@ PRECISIONS = typing.get_args(Precision)
 @dataclass(frozen=True)
 class TrainConfig:
     # Per batch per device, padding included; or one number per precision (fp32, bf16, fp16): the precision
-    # train.amp chooses on the hardware picks it (hardware.choose_max_tokens)
+    # train.amp chooses on the hardware picks it (hardware.by_precision)
     max_tokens: Union[int, dict[Precision, int]] = 4096
     # Batches packed by lengths (source, target) rounded up to a multiple of this, padded to it, and on a CPU the
     # rows of the output projection rounded to 8x it: a few distinct matrix shapes, so that host memory stays flat
@@ -96,7 +96,8 @@ class TrainConfig:
     max_steps: int = 20000  # optimizer updates
     max_epochs: Optional[int] = None
     max_time: Optional[str] = None  # wall-time budget: seconds, or 90s / 50m / 1.5h; counts across --resume
-    lr: float = 7.0e-4
+    # the peak learning rate; or one per precision (fp32, bf16, fp16), as train.max_tokens
+    lr: Union[float, dict[Precision, float]] = 7.0e-4
     schedule: Literal["noam", "inverse_sqrt", "cosine"] = "inverse_sqrt"
     warmup_steps: int = 4000
     min_lr: float = 0.0  # cosine: the lr reached at max_steps
@@ -280,9 +281,17 @@ def _set_dotted(raw: dict[str, Any], assignment: str) -> None:
     node[keys[-1]] = value
 
 
-def max_tokens_values(t: TrainConfig) -> list[int]:
-    """The batch sizes train.max_tokens names: one, or one per precision."""
-    return list(t.max_tokens.values()) if isinstance(t.max_tokens, dict) else [t.max_tokens]
+def values_of(setting: Any) -> list[Any]:
+    """The values a setting that may be given by precision names: one, or one per precision."""
+    return list(setting.values()) if isinstance(setting, dict) else [setting]
+
+
+def _each_precision(setting: Any, key: str) -> tuple[bool, str]:
+    """The rule of a setting given by precision: a value for each precision train.amp may choose."""
+    return (
+        not isinstance(setting, dict) or set(setting) == set(PRECISIONS),
+        f"{key} by precision needs a value for each of {', '.join(PRECISIONS)}, got {setting}",
+    )
 
 
 def _rules(cfg: Config) -> list[tuple[bool, str]]:
@@ -300,16 +309,14 @@ def _rules(cfg: Config) -> list[tuple[bool, str]]:
         ),
         (0 <= m.dropout < 1 and 0 <= m.attention_dropout < 1, "model.dropout must be in [0, 1)"),
         (m.max_positions >= 16, "model.max_positions must be at least 16"),
-        (t.lr > 0, f"train.lr must be positive, got {t.lr}"),
+        _each_precision(t.lr, "train.lr"),
+        (min(values_of(t.lr)) > 0, f"train.lr must be positive, got {t.lr}"),
         (t.min_lr >= 0, "train.min_lr must not be negative"),
         (0 <= t.cooldown <= 1, f"train.cooldown must be a share of the run in [0, 1], got {t.cooldown}"),
+        _each_precision(t.max_tokens, "train.max_tokens"),
+        (min(values_of(t.max_tokens)) >= 16, f"train.max_tokens must be at least 16, got {t.max_tokens}"),
         (
-            not isinstance(t.max_tokens, dict) or set(t.max_tokens) == set(PRECISIONS),
-            f"train.max_tokens by precision needs a number for each of {', '.join(PRECISIONS)}, got {t.max_tokens}",
-        ),
-        (min(max_tokens_values(t)) >= 16, f"train.max_tokens must be at least 16, got {t.max_tokens}"),
-        (
-            min(max_tokens_values(t)) >= cfg.data.max_len,
+            min(values_of(t.max_tokens)) >= cfg.data.max_len,
             f"train.max_tokens ({t.max_tokens}) is smaller than one sentence of data.max_len ({cfg.data.max_len}) "
             "tokens: raise train.max_tokens or lower data.max_len",
         ),

@@ -14,10 +14,13 @@ import platform
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 from translate.errors import UserError
+
+T = TypeVar("T")
 
 DEVICE_NAMES = "auto, cpu, cuda, cuda:N or mps"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -155,11 +158,12 @@ def choose_padding(setting: int | str, device: torch.device, amp: torch.dtype | 
     return Padding(PACK_MULTIPLE, PACK_MULTIPLE, f"{precision_name(amp)} on {device.type} -> padded to {PACK_MULTIPLE}")
 
 
-def choose_max_tokens(setting: int | dict[str, int], amp: torch.dtype | None) -> tuple[int, str]:
-    """`train.max_tokens` at this precision: a number, or the mapping's entry for the precision
-    train.amp chose (the config checks that it has one for each); and why, for the log."""
+def by_precision(setting: T | dict[str, T], amp: torch.dtype | None) -> tuple[T, str]:
+    """A setting that may name one value per precision (train.max_tokens, train.lr) at this precision:
+    the value, or the mapping's entry for the precision train.amp chose (the config checks that it has
+    one for each); and why, for the log."""
     if not isinstance(setting, dict):
-        return setting, "one size for every precision"
+        return setting, "one value for every precision"
     chosen = setting[precision_name(amp)]
     return chosen, f"by precision: {precision_name(amp)} -> {chosen}"
 

@@ -58,8 +58,8 @@ from translate.distributed import World, init_process_group, wait_for, watch_lau
 from translate.errors import UserError
 from translate.hardware import (
     attention_kernels,
+    by_precision,
     choose_amp,
-    choose_max_tokens,
     choose_padding,
     cpu_info,
     is_out_of_memory,
@@ -132,7 +132,8 @@ class Trainer:
         self.device = resolve_device(cfg.train.device, "train.device", world.local_rank)
         self.amp, self.amp_reason = choose_amp(cfg.train.amp, self.device)
         self.padding = choose_padding(cfg.train.pad_to_multiple, self.device, self.amp)
-        self.max_tokens, self.max_tokens_reason = choose_max_tokens(cfg.train.max_tokens, self.amp)
+        self.max_tokens, self.max_tokens_reason = by_precision(cfg.train.max_tokens, self.amp)
+        self.lr, self.lr_reason = by_precision(cfg.train.lr, self.amp)
         self.budget = parse_duration(cfg.train.max_time) if cfg.train.max_time is not None else None
 
     def _prepare(self, cfg: Config, resume: bool) -> dict[str, Any] | None:
@@ -166,9 +167,11 @@ class Trainer:
         """Model, optimizer, schedule and scaler: fresh, from last.pt (--resume) or from train.init_from."""
         seed_everything(cfg.seed)
         self.model = Transformer(cfg.model, self.tokenizer.vocab_size).to(self.device)
-        self.optimizer = build_optimizer(cfg, self.model)
+        self.optimizer = build_optimizer(cfg, self.model, self.lr)
         self.time_spent = 0.0  # the share of train.max_time trained, as the ranks agreed after the last update
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, lambda: self.time_spent))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(cfg, self.lr, lambda: self.time_spent)
+        )
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == torch.float16)
         self.state = TrainState()
         last = self.ckpt_dir / "last.pt"
@@ -194,6 +197,7 @@ class Trainer:
         log.info(f"amp {cfg.train.amp}: {self.amp_reason}")
         log.info(f"pad_to_multiple {cfg.train.pad_to_multiple}: {self.padding.reason}")
         log.info(f"max_tokens {self.max_tokens}: {self.max_tokens_reason}")
+        log.info(f"lr {self.lr:g}: {self.lr_reason}")
         log.info(
             f"model: {count_parameters(self.model):,} parameters, vocab {self.tokenizer.vocab_size}; "
             f"device {self.device}, precision {self.precision}, world size {self.world}; "
@@ -213,6 +217,7 @@ class Trainer:
             "reason": f"train.amp {self.cfg.train.amp}: {self.amp_reason}",
             "padding": f"train.pad_to_multiple {self.cfg.train.pad_to_multiple}: {self.padding.reason}",
             "max_tokens": f"train.max_tokens {self.max_tokens}: {self.max_tokens_reason}",
+            "lr": f"train.lr {self.lr:g}: {self.lr_reason}",
             "cpu": info.capability,
             "cpu_native_bf16": info.native_bf16,
             "world_size": self.world,
@@ -227,12 +232,26 @@ class Trainer:
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
+        self._take_lr(self.scheduler.base_lrs[0])
         self.scaler.load_state_dict(ckpt["scaler"])
         self.state = TrainState(**ckpt["progress"])
         self.init_from = ckpt.get("init_from", self.init_from)
         set_rng_state(ckpt["rng"][min(self.rank, len(ckpt["rng"]) - 1)])
         if self.main:
             log.info(f"resumed from {self.ckpt_dir / 'last.pt'} at step {self.state.step}")
+
+    def _take_lr(self, saved: float) -> None:
+        """A run resumed with another peak lr (train.lr changed, or another precision's entry) goes on
+        at the same point of its schedule, scaled to the new peak; the saved schedule keeps the old one."""
+        if saved == self.lr:
+            return
+        self.scheduler.base_lrs = [self.lr for _ in self.scheduler.base_lrs]
+        for group in self.optimizer.param_groups:
+            group["initial_lr"] = self.lr
+            group["lr"] *= self.lr / saved
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+        if self.main:
+            log.info(f"lr {self.lr:g} from now on (the checkpoint trained at {saved:g})")
 
     # ------------------------------------------------------------------------ batches
 
