@@ -46,7 +46,11 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+from translate.cli import onednn_primitive_cache
+
+CACHE = onednn_primitive_cache()  # sized as `translate train` sizes it, before torch builds a primitive
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -391,7 +395,7 @@ def main() -> None:
     if args.bf16_loss_steps:
         bf16_loss(cfg, args.bf16_loss_steps)
         return
-    print(describe_machine(), flush=True)
+    print(f"{describe_machine()}; oneDNN primitive cache {CACHE}", flush=True)
     on_gpu = cfg.train.device.startswith("cuda") or (cfg.train.device == "auto" and torch.cuda.is_available())
     steady_benchmark(cfg, args) if on_gpu or args.steady_state else cpu_benchmark(cfg, args)
 

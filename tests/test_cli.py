@@ -56,7 +56,7 @@ def test_training_writes_run_dir_checkpoints_and_tensorboard(trained_run):
     assert "valid/samples/text_summary" in events.Tags()["tensors"]
 
 
-def test_the_onednn_primitive_cache_is_sized_by_the_cpu_unless_set(tmp_path, monkeypatch):
+def test_theonednn_primitive_cache_is_sized_by_the_cpu_unless_set(tmp_path, monkeypatch):
     """16 primitives with AMX, 1,024 (oneDNN's own default) without; a value the user set is kept."""
     from translate import cli
 
@@ -73,12 +73,12 @@ def test_the_onednn_primitive_cache_is_sized_by_the_cpu_unless_set(tmp_path, mon
     monkeypatch.setattr(cli, "_cpu_uses_amx", lambda: True)
     monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "")  # recorded, so the value set below is undone after
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
-    assert cli._onednn_primitive_cache() == "16: the CPU has AMX"
+    assert cli.onednn_primitive_cache() == "16: the CPU has AMX"
     monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "200")
-    assert cli._onednn_primitive_cache() == "200: ONEDNN_PRIMITIVE_CACHE_CAPACITY as set"
+    assert cli.onednn_primitive_cache() == "200: ONEDNN_PRIMITIVE_CACHE_CAPACITY as set"
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
     monkeypatch.setattr(cli, "_cpu_uses_amx", lambda: False)
-    assert cli._onednn_primitive_cache() == "1024: no AMX on this CPU"
+    assert cli.onednn_primitive_cache() == "1024: no AMX on this CPU"
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"
 
 

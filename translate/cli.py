@@ -181,7 +181,7 @@ def prepare(
     typer.echo(f"prepared data in {data_dir}, vocabulary {cfg.run_path / 'spm.model'}")
 
 
-def _onednn_primitive_cache() -> str:
+def onednn_primitive_cache() -> str:
     """Set the capacity of oneDNN's primitive cache for this process (read when torch builds its
     first primitive) unless the user has, and say what it is and why.
 
@@ -231,7 +231,7 @@ def train(
     ] = None,
 ) -> None:
     """Train a Transformer (prepares the data first if needed). TensorBoard logs in RUN_DIR/NAME/tb."""
-    cache = _onednn_primitive_cache()  # process-wide, before torch builds its first oneDNN primitive
+    cache = onednn_primitive_cache()  # process-wide, before torch builds its first oneDNN primitive
     import torch
 
     from translate.distributed import World
