@@ -10,8 +10,9 @@ that their speeds are comparable with each other. The default variants are the c
 and the same with `train.pad_to_multiple=1` (batch shapes as they come). Each run logs its
 resident memory every `train.log_every` updates (`host memory` in train.log); the script reads
 those lines and prints, per variant: the memory at update 100, the highest after it, the growth
-over the value at 100, the value at the last update, and the median target tokens/s of the logging
-windows. The validation of the config (`train.eval_every`) runs as in a real run.
+over the value at 100, the value at the last update, the process's peak resident memory so far
+(`peak` in train.log, Linux's VmHWM) at update 100 and at the end with its growth, and the median
+target tokens/s of the logging windows. The validation of the config (`train.eval_every`) runs as in a real run.
 
 Runs go to a temporary directory (the prepared data of the config's run directory is copied in
 when it exists, so the corpus is not prepared again) and are removed afterwards (`--keep` keeps them).
@@ -34,29 +35,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from translate.config import load_config  # noqa: E402
 from translate.hardware import describe_machine  # noqa: E402
 
-LINE = re.compile(r"step (\d+) .* tokens/s (\d+) host memory (\d+) MiB")
+LINE = re.compile(r"step (\d+) .* tokens/s (\d+) host memory (\d+) MiB(?: \(peak (\d+)\))?")
 
 
-def parse_log(path: Path) -> list[tuple[int, int, int]]:
-    """(step, tokens/s, MiB) of each logging line of a train.log."""
+def parse_log(path: Path) -> list[tuple[int, int, int, int | None]]:
+    """(step, tokens/s, MiB, peak MiB so far or None) of each logging line of a train.log."""
     rows = []
     for line in path.read_text(encoding="utf-8").splitlines():
         m = LINE.search(line)
         if m:
-            rows.append(tuple(int(g) for g in m.groups()))
+            rows.append(tuple(None if g is None else int(g) for g in m.groups()))
     return rows
 
 
-def summary(name: str, rows: list[tuple[int, int, int]], base_step: int) -> str:
-    at = {step: mib for step, _, mib in rows}
+def summary(name: str, rows: list[tuple[int, int, int, int | None]], base_step: int) -> str:
+    at = {row[0]: row for row in rows}
     if base_step not in at:
         return f"{name}: no memory logged at update {base_step} (log_every must divide it)"
-    later = [mib for step, _, mib in rows if step > base_step]
-    high, last = max(later, default=at[base_step]), rows[-1]
-    speed = statistics.median(tok for _, tok, _ in rows[1:]) if len(rows) > 1 else float("nan")
+    base, last = at[base_step], rows[-1]
+    high = max((row[2] for row in rows if row[0] > base_step), default=base[2])
+    speed = statistics.median(row[1] for row in rows[1:]) if len(rows) > 1 else float("nan")
+    peak = f"{base[3]:>9,} {last[3]:>9,} {last[3] / base[3] - 1:>+8.0%}" if base[3] and last[3] else f"{'-':>9} " * 3
     return (
-        f"{name:<24} {at[base_step]:>8,} {high:>9,} {high / at[base_step] - 1:>+8.0%} "
-        f"{last[2]:>9,} (update {last[0]:,}) {speed:>9,.0f}"
+        f"{name:<24} {base[2]:>8,} {high:>9,} {high / base[2] - 1:>+8.0%} "
+        f"{last[2]:>9,} (update {last[0]:,}) {peak} {speed:>9,.0f}"
     )
 
 
@@ -121,7 +123,10 @@ def main() -> None:
                 failed = True
                 tail = (work / f"{run.name}.out").read_text(encoding="utf-8", errors="replace")[-800:]
                 print(f"{name}: translate train exited {proc.returncode}:\n{tail}", file=sys.stderr)
-        print(f"\n{'run':<24} {'MiB@100':>8} {'max after':>9} {'growth':>8} {'last':>9} {'':>14} {'tok/s':>9}")
+        print(
+            f"\n{'run':<24} {'MiB@100':>8} {'max after':>9} {'growth':>8} {'last':>9} {'':>14} "
+            f"{'peak@100':>9} {'peak end':>9} {'growth':>8} {'tok/s':>9}"
+        )
         for name, run, _, _ in procs:
             log_path = run / "train.log"
             print(summary(name, parse_log(log_path), 100) if log_path.exists() else f"{name}: no train.log")

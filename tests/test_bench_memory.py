@@ -25,8 +25,10 @@ def test_bench_memory_runs_both_variants_and_reports_growth(tmp_path):
     rows = {line.split("  ")[0]: line for line in out.stdout.splitlines() if "(update 125)" in line}
     assert set(rows) == {"as configured", "pad_to_multiple 1"}, out.stdout
     for line in rows.values():
-        at_100, high = (int(x.replace(",", "")) for x in line.split()[-7:-5])
+        at_100, high = (int(x.replace(",", "")) for x in line.split()[-10:-8])
         assert 0 < at_100 <= high  # resident MiB at update 100, then the highest after it
+        peak_100, peak_end = (int(x.replace(",", "")) for x in line.split()[-4:-2])
+        assert at_100 <= peak_100 <= peak_end  # the process's peak so far, at 100 and at the end
     assert not list(tmp_path.glob("runs/*"))  # the runs went to a temporary directory, removed
 
 
@@ -42,7 +44,14 @@ def test_log_lines_are_parsed(tmp_path):
         "2026-12-01 18:57:39,160 step 300 loss 8.2779 lr 1.275e-04 tokens/s 2000 host memory 1100 MiB\n"
     )
     rows = bench_memory.parse_log(log)
-    assert rows == [(100, 1999, 1000), (200, 2273, 1300), (300, 2000, 1100)]
+    assert rows == [(100, 1999, 1000, None), (200, 2273, 1300, None), (300, 2000, 1100, None)]
     line = bench_memory.summary("x", rows, 100)
     assert "1,000" in line and "1,300" in line and "+30%" in line and "(update 300)" in line
     assert "no memory logged" in bench_memory.summary("x", rows, 50)
+    log.write_text(
+        "2026-12-05 08:00:00,000 step 100 loss 8.8 lr 6.5e-05 tokens/s 1999 host memory 500 MiB (peak 800)\n"
+        "2026-12-05 08:00:09,000 step 200 loss 8.2 lr 1.2e-04 tokens/s 2273 host memory 520 MiB (peak 880)\n"
+    )
+    rows = bench_memory.parse_log(log)
+    assert rows == [(100, 1999, 500, 800), (200, 2273, 520, 880)]
+    assert "+10%" in bench_memory.summary("x", rows, 100)  # the peak's growth

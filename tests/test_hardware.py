@@ -117,3 +117,26 @@ def test_device_auto_prefers_cuda_then_mps(monkeypatch):
 
 def test_timed_bf16_check_runs():
     assert isinstance(hardware.timed_bf16_faster(n=32, repeats=1), bool)
+
+
+@pytest.mark.skipif(hardware._malloc_trim() is None, reason="the C library has no malloc_trim")
+def test_release_free_memory_gives_the_heaps_free_pages_back():
+    """Memory freed in the middle of the heap stays resident (glibc keeps it for the next
+    allocations) until release_free_memory hands its pages back; the peak stays what it was."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    size, count = 64 * 2**10, 2048  # 128 MiB in blocks under the mmap threshold: on the heap
+    blocks = [libc.malloc(size) for _ in range(count)]
+    for b in blocks:
+        ctypes.memset(b, 1, size)  # resident
+    for b in blocks[:-1]:
+        libc.free(b)  # the last block keeps the heap's top: free cannot shrink it
+    before = hardware.host_memory_mb()
+    assert hardware.release_free_memory()
+    after = hardware.host_memory_mb()
+    libc.free(blocks[-1])
+    assert before - after > 64, (before, after)
+    assert hardware.host_memory_peak_mb() - after > 64  # the peak is not lowered

@@ -64,6 +64,7 @@ from translate.hardware import (
     cpu_info,
     is_out_of_memory,
     precision_name,
+    release_free_memory,
     resolve_device,
 )
 from translate.loss import label_smoothed_nll_loss
@@ -515,7 +516,8 @@ class Trainer:
         """The window's figures to TensorBoard and the bar (reading them waits for the device)."""
         start = time.perf_counter()
         stats = self.speed.read()
-        self.clock.updates += time.perf_counter() - start  # the device's work the updates queued
+        release_free_memory()  # so that host memory stays flat over a run (hardware.release_free_memory)
+        self.clock.updates += time.perf_counter() - start  # the device's work the updates queued, and the trim
         self.check_skipped()
         lr = self.scheduler.get_last_lr()[0]
         self.logger.train(self.state.step, stats, lr, self.state.skipped, self.expected_steps())

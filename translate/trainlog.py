@@ -10,7 +10,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from translate.evaluate import sentence_chrf
-from translate.hardware import host_memory_mb
+from translate.hardware import host_memory_mb, host_memory_peak_mb
 from translate.model import Transformer
 from translate.plot import attention_figure, attention_maps, figure_to_array, heads_figure, sample_indices
 from translate.rundir import truncate_events
@@ -50,14 +50,17 @@ class TensorboardLogger:
         w.add_scalar("train/tokens_per_s", stats.tokens_per_s, step)
         if stats.skipped:
             w.add_scalar("train/skipped_updates", skipped_total, step)
-        rss = host_memory_mb()
+        rss, peak = host_memory_mb(), host_memory_peak_mb()
         if rss is not None:
             w.add_scalar("sys/host_memory_mb", rss, step)
+        if peak is not None:
+            w.add_scalar("sys/host_memory_peak_mb", peak, step)
         if self.bar is not None:
             self.bar.total = expected_steps  # the ETA follows whichever bound comes first
             postfix = dict(loss=f"{stats.loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{stats.tokens_per_s:,.0f}")
             self.bar.set_postfix(**postfix, refresh=False)
         mem = f" host memory {rss:.0f} MiB" if rss is not None else ""
+        mem += f" (peak {peak:.0f})" if peak is not None else ""
         log.debug(f"step {step} loss {stats.loss:.4f} lr {lr:.3e} tokens/s {stats.tokens_per_s:.0f}{mem}")
 
     def valid(self, step: int, m: dict[str, float], best_metric: str, best: float, best_step: int) -> None:
