@@ -1,6 +1,8 @@
 """The hardware decides: device resolution (CUDA, MPS, CPU) and the precision to train and decode at.
 Both CPU classes are mocked: AVX-512 BF16 (native bf16) and AVX2 only (bf16 emulated)."""
 
+import sys
+
 import pytest
 import torch
 
@@ -140,3 +142,15 @@ def test_release_free_memory_gives_the_heaps_free_pages_back():
     libc.free(blocks[-1])
     assert before - after > 64, (before, after)
     assert hardware.host_memory_peak_mb() - after > 64  # the peak is not lowered
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's /proc")
+def test_the_peak_of_host_memory_starts_afresh_when_reset():
+    import numpy as np
+
+    block = np.ones(64 * 2**20)  # 512 MiB touched
+    del block
+    high = hardware.host_memory_peak_mb()
+    assert high - hardware.host_memory_mb() > 256  # the block is gone, its peak is not
+    assert hardware.reset_host_memory_peak()
+    assert hardware.host_memory_peak_mb() < high - 256

@@ -297,6 +297,17 @@ def host_memory_peak_mb() -> float | None:
     return kib / 2**10
 
 
+def reset_host_memory_peak() -> bool:
+    """Start the peak of host_memory_peak_mb afresh from the current resident memory (Linux's
+    /proc/self/clear_refs), so that training's peak is not preparation's; False where it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
 def release_free_memory() -> bool:
     """Give the pages of the heap that hold no object back to the system (glibc's `malloc_trim`);
     False where the C library has no such call (musl, macOS, Windows).

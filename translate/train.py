@@ -65,6 +65,7 @@ from translate.hardware import (
     is_out_of_memory,
     precision_name,
     release_free_memory,
+    reset_host_memory_peak,
     resolve_device,
 )
 from translate.loss import label_smoothed_nll_loss
@@ -450,6 +451,8 @@ class Trainer:
         t, s = self.cfg.train, self.state
         stopper = StopRequest()
         self.logger.open_bar(s.step, t.max_steps)
+        release_free_memory()
+        reset_host_memory_peak()  # the peak in train.log is training's, not that of preparation or loading
         self.session = (time.perf_counter(), s.elapsed, s.step)
         reason = None
         if s.step >= t.max_steps:
