@@ -312,10 +312,11 @@ def release_free_memory() -> bool:
     """Give the pages of the heap that hold no object back to the system (glibc's `malloc_trim`);
     False where the C library has no such call (musl, macOS, Windows).
 
-    An update allocates and frees hundreds of MiB of activations of many sizes; glibc keeps the
-    freed memory in its heap for the next ones, fragmented: in the default fp32 run 150-290 MiB
-    free beside 202-228 in use over 1,800 updates; over an hour its resident memory drifted up by
-    24 % (docs/experiments.md, "Host memory over a run"). Training calls this at every logging step."""
+    Training calls it once, when it starts (what preparation and loading freed). Not between updates:
+    an update allocates and frees hundreds of MiB of activations of many sizes, and glibc keeps the
+    freed memory in its heap for the next ones (in the default fp32 run 150-290 MiB free beside
+    202-228 in use); trimming at every logging step gave that back but cost 1.5-3 % of the speed
+    side by side and lowered the peak little (docs/experiments.md, "Host memory over a run")."""
     trim = _malloc_trim()
     if trim is None:
         return False

@@ -451,7 +451,7 @@ class Trainer:
         t, s = self.cfg.train, self.state
         stopper = StopRequest()
         self.logger.open_bar(s.step, t.max_steps)
-        release_free_memory()
+        release_free_memory()  # what preparation and loading freed
         reset_host_memory_peak()  # the peak in train.log is training's, not that of preparation or loading
         self.session = (time.perf_counter(), s.elapsed, s.step)
         reason = None
@@ -519,8 +519,7 @@ class Trainer:
         """The window's figures to TensorBoard and the bar (reading them waits for the device)."""
         start = time.perf_counter()
         stats = self.speed.read()
-        release_free_memory()  # so that host memory stays flat over a run (hardware.release_free_memory)
-        self.clock.updates += time.perf_counter() - start  # the device's work the updates queued, and the trim
+        self.clock.updates += time.perf_counter() - start  # the device's work the updates queued
         self.check_skipped()
         lr = self.scheduler.get_last_lr()[0]
         self.logger.train(self.state.step, stats, lr, self.state.skipped, self.expected_steps())
