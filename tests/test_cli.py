@@ -52,6 +52,9 @@ def test_training_writes_run_dir_checkpoints_and_tensorboard(trained_run):
     if sys.platform.startswith("linux"):  # the process's resident memory, from /proc
         memory = [e.value for e in events.Scalars("sys/host_memory_mb")]
         assert len(memory) == 4 and all(50 < m < 100_000 for m in memory)
+        peak = [e.value for e in events.Scalars("sys/host_memory_peak_mb")]  # since training started
+        assert len(peak) == 4 and all(p >= m * 0.95 for p, m in zip(peak, memory)) and peak == sorted(peak)
+        assert "(peak " in log
     assert any(t.startswith("valid/attention") for t in events.Tags()["images"])
     assert "valid/samples/text_summary" in events.Tags()["tensors"]
 
