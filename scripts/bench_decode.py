@@ -64,7 +64,7 @@ from translate.decoding import decode_batches, in_workers, pad_batch
 from translate.engine import Engine, EngineSpec
 from translate.errors import UserError
 from translate.export import ct2_spec, hf_marian
-from translate.hardware import describe_machine
+from translate.hardware import describe_machine, host_memory_peak_mb, reset_host_memory_peak
 from translate.inference import keep_freed_memory
 from translate.model import Transformer
 from translate.options import SearchOptions
@@ -116,19 +116,13 @@ def read_batches(args: argparse.Namespace, engine: Engine, beam: int) -> list[to
 # ---------------------------------------------------------------------------- measuring
 
 
-def reset_peak_rss() -> None:
-    """Reset this process's peak RSS (VmHWM) where Linux allows it."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
-
-
 def peak_rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    import resource  # not Linux: the process's lifetime peak
+    """This process's peak RSS since the last reset (hardware.host_memory_peak_mb), or where Linux's
+    /proc is missing the process's lifetime peak."""
+    peak = host_memory_peak_mb()
+    if peak is not None:
+        return peak
+    import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -143,7 +137,7 @@ class Run:
         self.outputs: list[list[int]] = []
 
     def once(self) -> None:
-        reset_peak_rss()
+        reset_host_memory_peak()
         start = time.perf_counter()
         self.outputs = self.decode(self.batches)
         self.seconds.append(time.perf_counter() - start)

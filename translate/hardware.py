@@ -324,11 +324,17 @@ def release_free_memory() -> bool:
     return True
 
 
-@functools.cache
 def _malloc_trim():
+    return getattr(c_library(), "malloc_trim", None)
+
+
+@functools.cache
+def c_library():
+    """The C library this process already uses (ctypes), None where there is no process-wide
+    handle (Windows): glibc's malloc_trim and mallopt where the library is glibc."""
     import ctypes
 
     try:
-        return getattr(ctypes.CDLL(None), "malloc_trim", None)  # the C library of the process
-    except (OSError, TypeError):  # Windows has no process-wide handle
+        return ctypes.CDLL(None)
+    except (OSError, TypeError):
         return None

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from translate.checkpoint import load_model
 from translate.config import Config
 from translate.errors import UserError
-from translate.hardware import DTYPES, choose_decode_dtype
+from translate.hardware import DTYPES, c_library, choose_decode_dtype
 from translate.model import Transformer
 from translate.tokenizer import Tokenizer
 
@@ -135,9 +135,8 @@ def keep_freed_memory() -> bool:
     Process-wide; False where the C library is not glibc (nothing changes)."""
     if not sys.platform.startswith("linux"):
         return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # the C library the process already uses
-    except (OSError, AttributeError):
+    mallopt = getattr(c_library(), "mallopt", None)
+    if mallopt is None:
         return False
     M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # malloc.h
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
