@@ -238,7 +238,7 @@ class Protector:
         if self.repaired:
             log.warning(
                 f"{self.repaired} of {self.lines} lines: the model did not place every protected span exactly once; "
-                "the missing ones were added at the end of the line, duplicates dropped"
+                "the missing ones were added at the end of the line (before its final punctuation), duplicates dropped"
             )
 
 
