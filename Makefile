@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 CONFIG ?= configs/bible.yaml
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install transformers4 data train evaluate test test-all test-slow lint format bench tensorboard clean
+.PHONY: install transformers4 data train test test-all test-slow lint format bench tensorboard clean
 
 $(BIN)/translate: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.conftest import LINES
-from translate.batcher import QueueFull
+from translate.batcher import QueueFull, TooManySentences
 from translate.engine import Engine, first_best
 from translate.options import SearchOptions, ServingLimits
 
@@ -49,9 +49,12 @@ def test_a_full_queue_refuses_at_once_and_keeps_what_it_holds(model, tokenizer):
         held = engine.submit(LINES[:2])
         time.sleep(0.2)  # the thread wakes, then waits out its window for more
         queued = engine.submit([LINES[2]])
-        with pytest.raises(QueueFull, match="max-queue 3"):
+        with pytest.raises(QueueFull, match="max-queue 3") as busy:
             engine.submit([LINES[3]])
-        assert engine.queued == 3  # the refused sentence was not queued
+        assert not isinstance(busy.value, TooManySentences)  # busy: retrying later can help
+        with pytest.raises(TooManySentences, match="4 sentences in one request; at most 3"):
+            engine.submit(LINES[:4])  # never fits, even an empty queue
+        assert engine.queued == 3  # the refused sentences were not queued
     finally:
         engine.stop()  # hurries: what is held and queued is decoded
     assert first_best(held.result(timeout=60)) == first_best(engine.translate(LINES[:2]))

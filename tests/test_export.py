@@ -306,6 +306,8 @@ def test_missing_library_is_one_line(monkeypatch, checkpoints, tmp_path):
         importlib.util, "find_spec", lambda name, *a: None if name in export.NEEDS.values() else real(name, *a)
     )
     for to, package in export.NEEDS.items():
-        with pytest.raises(UserError, match=rf"needs the {package} package.*pip install 'translate\[export\]'"):
+        with pytest.raises(
+            UserError, match=rf"needs the {package} package.*pip install -e '\.\[export\]' in the project's checkout"
+        ):
             export.export(checkpoints["post"], to, tmp_path / "out")
     assert not (tmp_path / "out").exists()

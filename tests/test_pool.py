@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import LINES
-from translate.batcher import QueueFull
+from translate.batcher import QueueFull, TooManySentences
 from translate.engine import Engine, EngineSpec, first_best
 from translate.errors import UserError
 from translate.options import ServingLimits
@@ -25,7 +25,7 @@ def test_processes_answer_as_the_engine_does(tiny_checkpoint):
             first_best(local.translate([line, ""])) for line in LINES[:4]
         ]
         assert first_best(pool.translate(LINES * 3)) == first_best(local.translate(LINES * 3))  # in requests of 8
-        with pytest.raises(QueueFull, match="max-queue 8"):
+        with pytest.raises(TooManySentences, match="9 sentences in one request; at most 8"):
             pool.submit(["a line"] * 9)
     finally:
         pool.stop()

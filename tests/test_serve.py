@@ -177,7 +177,7 @@ def test_unknown_path_and_method_are_json_errors(server):
 def test_request_text_is_logged_only_when_asked(server):
     server.post({"text": "a secret sentence"})
     logged = [line for line in server.lines if line.startswith("POST /translate 200")]
-    assert logged and re.search(r"1 sentences \d+ bytes [\d.]+ ms", logged[-1])
+    assert logged and re.search(r"1 texts \d+ bytes [\d.]+ ms", logged[-1])
     assert not any("secret" in line for line in server.lines)
 
 
@@ -234,7 +234,7 @@ def test_without_the_extra_serve_says_what_to_install(checkpoint, tmp_path):
     result = run_cli("serve", checkpoint, check=False, env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.getcwd()}"})
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "error: translate serve needs starlette and uvicorn: pip install 'translate[serve]'"
+        "error: translate serve needs starlette and uvicorn: pip install -e '.[serve]' in the project's checkout"
     ]
 
 
@@ -395,6 +395,20 @@ def test_in_process_limits_and_checks(body, status, message):
     engine = StubEngine()
     response = client_of(engine, max_texts=2, max_request_bytes=200, max_beam=8).post("/translate", json=body)
     assert response.status_code == status and message in response.json()["error"]
+
+
+def test_in_process_a_text_of_more_sentences_than_the_queue_holds_is_413(model, tokenizer):
+    limits = ServingLimits(max_queue=2, max_texts=2)
+    engine = Engine(model, tokenizer, SearchOptions(beam_size=2, max_len_a=1.0, max_len_b=3), limits=limits)
+    try:
+        client = client_of(engine, max_queue=2, max_texts=2)
+        response = client.post("/translate", json={"text": "The cat sees a bird. The dog runs. A bird sings."})
+        assert response.status_code == 413
+        assert response.json() == {"error": "3 sentences in one request; at most 2 (--max-queue)"}
+        assert client.post("/translate", json={"text": "The cat sees a bird. The dog runs."}).status_code == 200
+        assert client.get("/health").json()["queued"] == 0
+    finally:
+        engine.stop()
 
 
 def test_in_process_request_options_reach_the_engine():

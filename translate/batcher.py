@@ -6,7 +6,8 @@ taking no more than its share of what is queued and in flight), and each sentenc
 as it is done, its request answered once all of its sentences are. A thread with nothing in
 flight waits for a request, then up to `window` seconds for more. Greedy requests (beam_size 1)
 are decoded at once by the engine. The queue is bounded in sentences: past `max_queue`, `submit`
-raises `QueueFull` and nothing queued is touched.
+raises `QueueFull` and nothing queued is touched (`TooManySentences` where the sentences would
+not fit even an empty queue).
 """
 
 from __future__ import annotations
@@ -37,11 +38,17 @@ class QueueFull(Exception):
     """An engine cannot take these sentences now (its queue is full, or it is stopping)."""
 
 
+class TooManySentences(QueueFull):
+    """Sentences that no queue of the engine's size can ever take at once: retrying cannot help."""
+
+
 def check_room(queued: int, n: int, max_queue: int, gone: str | None) -> None:
-    """QueueFull when n more sentences cannot be queued: `gone` (why none can), or a queue of
-    `queued` sentences that n would take past max_queue."""
+    """QueueFull when n more sentences cannot be queued: `gone` (why none can), n above max_queue
+    itself (TooManySentences), or a queue of `queued` sentences that n would take past max_queue."""
     if gone:
         raise QueueFull(gone)
+    if n > max_queue:
+        raise TooManySentences(f"{n} sentences in one request; at most {max_queue} (--max-queue)")
     if queued + n > max_queue:
         raise QueueFull(f"server busy: {queued} sentences queued (--max-queue {max_queue}); retry later")
 

@@ -99,14 +99,14 @@ GlossaryOpt = Annotated[
         "where the model places it (default: the checkpoint's decode.glossary).",
     ),
 ]
+SPLIT_HELP = (
+    "Translate each sentence of a line apart and join them (a line may be a paragraph); "
+    "one-sentence lines are translated as they are."
+)
 SplitOpt = Annotated[
-    bool,
-    typer.Option(
-        "--split/--no-split",
-        help="Translate each sentence of a line apart and join them (a line may be a paragraph); "
-        "one-sentence lines are translated as they are. --nbest and --scores take whole lines.",
-    ),
+    bool, typer.Option("--split/--no-split", help=SPLIT_HELP + " --nbest and --scores take whole lines.")
 ]
+EvalSplitOpt = Annotated[bool, typer.Option("--split/--no-split", help=SPLIT_HELP)]
 
 
 class _TqdmHandler(logging.Handler):
@@ -271,8 +271,10 @@ def decode(
     scores: Annotated[bool, typer.Option("--scores", help="Write index<TAB>score<TAB>text (TSV).")] = False,
     batch_tokens: BatchOpt = None,
     workers: WorkersOpt = 0,
-    max_len_a: Annotated[Optional[float], typer.Option(help="Max output length = a * source length + b.")] = None,
-    max_len_b: Annotated[Optional[int], typer.Option(help="See --max-len-a.")] = None,
+    max_len_a: Annotated[
+        Optional[float], typer.Option(help="Max output length = a * source length + b. Default: decode.max_len_a.")
+    ] = None,
+    max_len_b: Annotated[Optional[int], typer.Option(help="See --max-len-a. Default: decode.max_len_b.")] = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     quantize: QuantizeOpt = None,
@@ -330,7 +332,7 @@ def evaluate(
     quantize: QuantizeOpt = None,
     protect: ProtectOpt = True,
     glossary: GlossaryOpt = None,
-    split: SplitOpt = True,
+    split: EvalSplitOpt = True,
 ) -> None:
     """sacreBLEU BLEU and chrF (with signatures) of a checkpoint on --src/--ref, or of --hyp against --ref."""
     from translate.engine import EngineSpec
@@ -363,10 +365,10 @@ def serve(
         int, typer.Option("--max-batch", help="Most sentences a decoding worker searches at once.")
     ] = ServingLimits.max_batch,
     max_queue: Annotated[
-        int, typer.Option("--max-queue", help="Sentences waiting; past it: 503.")
+        int, typer.Option("--max-queue", help="Sentences waiting; past it: 503 (a request of more sentences: 413).")
     ] = ServingLimits.max_queue,
     max_texts: Annotated[
-        int, typer.Option("--max-texts", help="Sentences in one request; past it: 413.")
+        int, typer.Option("--max-texts", help="Texts in one request; past it: 413.")
     ] = ServingLimits.max_texts,
     max_request_bytes: Annotated[
         int, typer.Option("--max-request-bytes", help="Body size; past it: 413.")

@@ -58,7 +58,8 @@ def check_request(to: str, quantize: str | None) -> None:
         raise UserError(f"unknown --quantize {quantize!r}: choose one of {', '.join(CT2_QUANTIZATIONS)}")
     if importlib.util.find_spec(NEEDS[to]) is None:
         raise UserError(
-            f"export --to {to} needs the {NEEDS[to]} package, which is not installed: pip install 'translate[export]'"
+            f"export --to {to} needs the {NEEDS[to]} package, which is not installed: "
+            "pip install -e '.[export]' in the project's checkout"
         )
 
 

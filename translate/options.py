@@ -66,7 +66,7 @@ class ServingLimits:
     batch_window_ms: float = 5.0  # how long an idle worker waits for more requests before it starts
     max_batch: int = 256  # sentences a decoding worker searches at once
     max_queue: int = 1024  # sentences waiting; past it: 503
-    max_texts: int = 256  # sentences in one request; past it: 413
+    max_texts: int = 256  # texts in one request; past it: 413
     max_request_bytes: int = 1 << 20  # body size; past it: 413
     max_beam: int = 64  # the largest beam_size a request (or --beam) may ask for
 

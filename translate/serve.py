@@ -11,8 +11,8 @@
 This module is the HTTP layer only: requests are parsed and checked on the event loop, then
 handed to the engine's `submit` (`pool.open_engine`: decoding processes on a CPU, threads on a
 GPU; both batch continuously, see batcher.py). The limits are one `ServingLimits`: a body over
---max-request-bytes or more than --max-texts sentences gets 413, a malformed one 400, a full
-queue (--max-queue sentences) 503 at once, each with one line of JSON `{"error": "..."}`, and
+--max-request-bytes, more than --max-texts texts, or more sentences once split than the whole
+queue holds gets 413, a malformed one 400, a full queue (--max-queue sentences) 503 at once, each with one line of JSON `{"error": "..."}`, and
 none of them touches the requests already queued. SIGTERM (or Ctrl-C) stops accepting
 connections, answers every request already accepted (queued ones start without waiting out
 their window), and exits 0 (130 for Ctrl-C). Each request is logged with its size and latency;
@@ -29,7 +29,7 @@ import socket
 import time
 from dataclasses import dataclass
 
-from translate.batcher import QueueFull
+from translate.batcher import QueueFull, TooManySentences
 from translate.decoding import check_workers
 from translate.documents import format_of_request
 from translate.engine import EngineSpec, TranslationEngine, first_best
@@ -96,7 +96,7 @@ def parse_request(body: bytes, defaults: SearchOptions, limits: ServingLimits) -
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
             raise RequestError(400, '"texts" must be a list of strings')
         if len(texts) > limits.max_texts:
-            raise RequestError(413, f"{len(texts)} sentences in one request; at most {limits.max_texts} (--max-texts)")
+            raise RequestError(413, f"{len(texts)} texts in one request; at most {limits.max_texts} (--max-texts)")
     beam_size = request.get("beam_size", defaults.beam_size)
     if not _is_int(beam_size) or not 1 <= beam_size <= limits.max_beam:
         raise RequestError(
@@ -199,6 +199,8 @@ def create_app(engine: TranslationEngine, limits: ServingLimits, *, log_text: bo
             translations = await translate_request(engine, r)
         except RequestError as e:
             status, response = e.status, error(e.status, str(e))
+        except TooManySentences as e:  # a text's sentences, once split, more than the whole queue holds
+            status, response = 413, error(413, str(e))
         except QueueFull as e:
             status, response = 503, error(503, str(e))
         except Exception as e:  # a fault in decoding: reported, the server goes on
@@ -206,7 +208,7 @@ def create_app(engine: TranslationEngine, limits: ServingLimits, *, log_text: bo
         else:
             response = JSONResponse(answer(translations, r.single, r.with_nbest))
             answered += 1
-        line = f"POST /translate {status} {len(texts)} sentences {size} bytes {1000 * (time.perf_counter() - start):.1f} ms"
+        line = f"POST /translate {status} {len(texts)} texts {size} bytes {1000 * (time.perf_counter() - start):.1f} ms"
         if log_text and texts:
             line += f" text={json.dumps(texts, ensure_ascii=False)}"
         log.info(line)
@@ -250,7 +252,9 @@ def serve(spec: EngineSpec, *, host: str = "127.0.0.1", port: int = 8080, log_te
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
-        raise UserError("translate serve needs starlette and uvicorn: pip install 'translate[serve]'") from None
+        raise UserError(
+            "translate serve needs starlette and uvicorn: pip install -e '.[serve]' in the project's checkout"
+        ) from None
     limits = spec.limits.check()
     check_workers(spec.workers)
     if spec.beam_size is not None and not 1 <= spec.beam_size <= limits.max_beam:

@@ -78,7 +78,7 @@ PLACEHOLDER = re.compile(r"by amos$|\*\*\*")
 
 
 def bible_source(cfg: DataConfig) -> dict[str, Iterable[Pair] | None]:
-    """Verse-aligned English-French Bible pairs, cleaned, split by book (see BIBLE.md)."""
+    """Verse-aligned English-French Bible pairs, cleaned, split by book (see data/README.md)."""
     if not cfg.bible_en:
         raise UserError("data.bible_en is empty; give at least one English translation, e.g. ['4']")
     for key, code in [("data.bible_fr", cfg.bible_fr)] + [("data.bible_en", c) for c in cfg.bible_en]:
