@@ -56,6 +56,9 @@ class Server:
         threading.Thread(target=read, daemon=True).start()
         ready.wait(timeout=120)
         found = [m for line in self.lines if (m := re.search(r"on (http://127\.0\.0\.1:\d+)", line))]
+        if not found:  # not left running behind the failed test
+            self.proc.kill()
+            self.proc.wait(timeout=60)
         assert found, "the server did not start:\n" + "\n".join(self.lines)
         self.url = found[0].group(1)
 
