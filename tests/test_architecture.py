@@ -15,7 +15,7 @@ ORDER = [
     # model
     "model", "search", "checkpoint", "adapt",
     # using a model
-    "prepare", "inference", "decoding", "batcher", "engine", "pool", "plot", "report", "export", "translator",
+    "prepare", "inference", "decoding", "batcher", "engine", "pool", "plot", "report", "export", "translator", "tune",
     # training
     "rundir", "optim", "trainstate", "trainlog", "validation", "train",
     # front ends

@@ -9,7 +9,7 @@ import yaml
 from conftest import FIXTURES, run_cli, run_main, tiny_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-COMMANDS = ["prepare", "train", "decode", "evaluate", "average", "attention", "info", "plot"]
+COMMANDS = ["prepare", "train", "decode", "evaluate", "average", "tune", "attention", "info", "plot"]
 
 
 pytestmark = pytest.mark.e2e  # every test here runs the real command line (a subprocess, or main() with its argv)

@@ -328,11 +328,15 @@ def test_resume_refuses_a_changed_model(trained_run, tmp_path):
 
 @pytest.mark.slow  # trains end to end: `make test-all` and CI run it
 def test_torchrun_two_processes_match_one_process_on_the_same_global_batch(tmp_path):
-    """2 ranks x 1 batch (gloo) == 1 process x accumulate 2: same update, written once."""
+    """2 ranks x 1 batch (gloo) == 1 process x accumulate 2: same update, written once; the length
+    penalty is then chosen once, by rank 0, after the ranks have left the process group."""
     common = dict(max_steps=1, eval_every=1, save_every=1, log_every=1, threads=1, model={"dropout": 0.0})
     common.update(max_time="1h", cooldown=0.5)  # the ranks agree on the time spent in the same collective
     single = tiny_config(tmp_path, name="single", accumulate=2, **common)
     ddp = tiny_config(tmp_path, name="ddp", **common)
+    raw = yaml.safe_load(ddp.read_text())
+    raw["decode"]["tune_length_penalty"] = [0.6, 1.0]
+    ddp.write_text(yaml.safe_dump(raw))
     run_cli("train", "--config", single)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     result = subprocess.run(
@@ -349,6 +353,8 @@ def test_torchrun_two_processes_match_one_process_on_the_same_global_batch(tmp_p
     assert len(list((run / "tb").glob("events.*"))) == 1
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.pt", "last.pt", "step_0000001.pt"]
     assert (run / "train.log").read_text().count("training stopped") == 1
+    assert (run / "train.log").read_text().count("chose length penalty") == 1
+    assert sorted(b["tune_length_penalty"]["bleu"]) == [0.6, 1.0]  # last.pt is best.pt here: both re-linked
 
 
 @pytest.mark.slow  # trains end to end: `make test-all` and CI run it

@@ -79,6 +79,14 @@ def atomic_save(obj: Any, path: str | Path) -> None:
         os.close(dir_fd)
 
 
+def link(src: Path, dst: Path) -> None:
+    """Point `dst` at the same file as `src`, atomically (a hard link renamed over dst)."""
+    tmp = dst.with_name(f".{dst.name}.link")
+    tmp.unlink(missing_ok=True)
+    os.link(src, tmp)
+    os.replace(tmp, dst)
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Read and check a checkpoint; every way it can be wrong is one UserError line."""
     path = Path(path)

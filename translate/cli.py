@@ -423,6 +423,48 @@ def average(
 
 
 @app.command()
+def tune(
+    checkpoint: Checkpoint,
+    src: Annotated[Path, typer.Option("--src", help="English held-out source (e.g. runs/NAME/data/valid.en).")] = ...,
+    ref: Annotated[Path, typer.Option("--ref", help="Its French references, one line per source line.")] = ...,
+    lenpen: Annotated[
+        Optional[list[float]],
+        typer.Option(
+            "--lenpen",
+            help="A length penalty to try (repeatable). Default: the checkpoint's decode.tune_length_penalty, "
+            "else 0.6 0.8 1.0 1.2.",
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the scores and the choice; leave the checkpoint as it is.")
+    ] = False,
+    batch_tokens: BatchOpt = None,
+    workers: WorkersOpt = 0,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    split: EvalSplitOpt = True,
+) -> None:
+    """Choose the length penalty with the best BLEU on --src/--ref (the checkpoint's beam) and write it
+    into the checkpoint's decode section, the default of every command that translates with it."""
+    from translate.checkpoint import load_checkpoint
+    from translate.engine import EngineSpec
+    from translate.textio import read_all_lines
+    from translate.tune import GRID, tune_checkpoint
+
+    _keep_freed_memory()
+    grid = lenpen or load_checkpoint(checkpoint)["config"]["decode"].get("tune_length_penalty") or GRID
+    sources, references = read_all_lines(src, "source"), read_all_lines(ref, "reference")
+    if len(sources) != len(references):
+        raise UserError(f"{src} has {len(sources)} lines but {ref} has {len(references)}: they must match")
+    spec = EngineSpec(
+        [checkpoint], device=device, dtype=dtype, protect=True, batch_tokens=batch_tokens, workers=workers
+    )
+    choice, written = tune_checkpoint(checkpoint, sources, references, grid, spec=spec, write=not dry_run, split=split)
+    typer.echo(choice.summary())
+    typer.echo(f"written into {', '.join(map(str, written))}" if written else "--dry-run: the checkpoint is unchanged")
+
+
+@app.command()
 def attention(
     checkpoint: Checkpoint,
     sentence: Annotated[str, typer.Argument(help="An English sentence.")],
@@ -518,6 +560,10 @@ def info(checkpoint: Checkpoint) -> None:
         typer.echo(f"time trained: {ckpt['progress']['elapsed'] / 60:.1f} min")
     if ckpt.get("init_from"):
         typer.echo(f"initialised from: {ckpt['init_from']['path']} (step {ckpt['init_from']['step']})")
+    if ckpt.get("tune_length_penalty"):
+        from translate.tune import Choice
+
+        typer.echo("chosen: " + Choice(**ckpt["tune_length_penalty"]).summary())
     if ckpt.get("averaged_from"):
         typer.echo(f"averaged from: {', '.join(ckpt['averaged_from'])}")
     typer.echo("versions: " + ", ".join(f"{k} {v}" for k, v in ckpt.get("versions", {}).items()))

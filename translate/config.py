@@ -141,6 +141,8 @@ class DecodeConfig:
     batch_tokens: int = 8000  # sentences x beam x longest source (pieces), summed over the batches decoded at once
     protect: list[str] = field(default_factory=lambda: list(PROTECT_CLASSES))  # spans copied verbatim; [] = off
     glossary: Optional[str] = None  # a terms.tsv (source TAB target) translated one fixed way; --glossary overrides
+    # at the end of training, the value of these with the best valid BLEU replaces length_penalty in best.pt; [] = off
+    tune_length_penalty: list[float] = field(default_factory=list)
 
     def search_options(
         self, names: dict[str, str] | None = None, nbest: int = 1, **given: float | None
@@ -362,6 +364,8 @@ def _check(cfg: Config) -> None:
             raise UserError(message)
     d.search_options({f: f"decode.{f}" for f in CLI_NAMES})
     at_least(d.batch_tokens, 1, "decode.batch_tokens")
+    for alpha in d.tune_length_penalty:
+        at_least(alpha, 0, "decode.tune_length_penalty values")
     check_device_name(t.device, "train.device")
     for why in (check_classes(cfg.data.protect, "data.protect"), check_classes(d.protect, "decode.protect")):
         if why:

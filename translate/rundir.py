@@ -4,7 +4,6 @@ TensorBoard events cut back on resume, and the last.pt / best.pt links."""
 from __future__ import annotations
 
 import fcntl
-import os
 from pathlib import Path
 from typing import Any
 
@@ -79,11 +78,3 @@ def truncate_events(tb_dir: Path, step: int) -> None:
     writer.close()
     for path in old:
         path.unlink()
-
-
-def link(src: Path, dst: Path) -> None:
-    """Point `dst` at the same file as `src`, atomically (a hard link renamed over dst)."""
-    tmp = dst.with_name(f".{dst.name}.link")
-    tmp.unlink(missing_ok=True)
-    os.link(src, tmp)
-    os.replace(tmp, dst)

@@ -29,7 +29,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -45,6 +45,7 @@ from translate.checkpoint import (
     CHECKPOINT_FORMAT,
     atomic_save,
     average_checkpoints,
+    link,
     load_checkpoint,
     prune,
     rng_state,
@@ -72,7 +73,7 @@ from translate.loss import label_smoothed_nll_loss
 from translate.model import Transformer, count_parameters
 from translate.optim import build_optimizer, lr_lambda, seed_everything
 from translate.prepare import is_prepared, prepare
-from translate.rundir import RunLock, check_run_dir, check_same_setup, link
+from translate.rundir import RunLock, check_run_dir, check_same_setup
 from translate.tokenizer import PAD, Tokenizer
 from translate.trainlog import TensorboardLogger
 from translate.trainstate import Clock, Speedometer, StopRequest, TrainState, UpdateResult, stop_reason
@@ -485,7 +486,7 @@ class Trainer:
             log.info(self.time_summary())
             if t.average_last:
                 self._average_last(t.average_last)
-        self.close()
+        self.close(then=self._tune_length_penalty)
         return self.metrics
 
     def _train_step(self, planned: PlannedUpdate, stopper: StopRequest) -> str | None:
@@ -555,8 +556,27 @@ class Trainer:
         atomic_save(average_checkpoints(paths), self.ckpt_dir / "averaged.pt")
         log.info(f"averaged {len(paths)} checkpoints into {self.ckpt_dir / 'averaged.pt'}")
 
-    def close(self) -> None:
-        """The end of the run: TensorBoard files closed, process group left, the run's lock released."""
+    def _tune_length_penalty(self) -> None:
+        """decode.tune_length_penalty: the value with the best BLEU on the valid split into best.pt
+        (tune.py), unless best.pt keeps that search's choice already (a finished run resumed)."""
+        grid, best = self.cfg.decode.tune_length_penalty, self.ckpt_dir / "best.pt"
+        if not grid:
+            return
+        if not best.is_file():
+            log.info(f"decode.tune_length_penalty: no {best} to tune (no validation yet)")
+            return
+        from translate.engine import EngineSpec
+        from translate.tune import tune_checkpoint
+
+        log.info(f"decode.tune_length_penalty: choosing among {grid} for {best} on the valid split")
+        v = self.validator
+        tune_checkpoint(
+            best, v.sources, v.refs, grid, spec=EngineSpec([best], device=str(self.device)), skip_if_done=True
+        )
+
+    def close(self, then: Callable[[], object] | None = None) -> None:
+        """The end of the run: TensorBoard files closed, process group left, `then` run by rank 0,
+        the run's lock released."""
         if self.closed:
             return
         self.closed = True
@@ -565,7 +585,11 @@ class Trainer:
             dist.barrier()
             dist.destroy_process_group()
         if self.main:
-            self.lock.release()
+            try:
+                if then is not None:
+                    then()
+            finally:
+                self.lock.release()
 
 
 def train(cfg: Config, resume: bool = False) -> dict[str, float]:
