@@ -84,6 +84,7 @@ def start_run(i: int, variant: str, cfg, args, command: list[str], work: Path):
         f"train.threads={args.threads}",
         "train.max_time=null",
         f"train.save_every={args.steps}",
+        "decode.tune_length_penalty=[]",  # training's memory only: no length-penalty search at the end
         *[x for x in settings if not x.split("=", 1)[0].isupper()],
     ]
     cmd = [*command, "train", "--config", args.config, *[x for o in overrides for x in ("--set", o)]]
