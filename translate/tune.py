@@ -120,10 +120,10 @@ def tune_checkpoint(
     split: bool = True,
 ) -> tuple[Choice | None, list[Path]]:
     """Search `grid` for the checkpoint at `path` (loaded by `spec`, default: as `translate
-    evaluate` loads it; `split`: a line's sentences apart), logging each alpha, and write the choice into it (`write`). With
-    `skip_if_done`, nothing is done where the checkpoint already keeps a choice of the same
-    search: (None, []). The search uses the checkpoint's beam (spec.beam_size is ignored).
-    Returns the choice and the files written."""
+    evaluate` loads it; `split`: a line's sentences apart), logging each alpha, and write the
+    choice into it (`write`). With `skip_if_done`, nothing is done where the checkpoint already
+    keeps a choice of the same search: (None, []). The search uses the checkpoint's beam
+    (spec.beam_size is ignored). Returns the choice and the files written."""
     ckpt = load_checkpoint(path)
     kept = kept_choice(ckpt)
     grid = check_grid(grid, "the length-penalty grid")
