@@ -446,20 +446,20 @@ def tune(
 ) -> None:
     """Choose the length penalty with the best BLEU on --src/--ref (the checkpoint's beam) and write it
     into the checkpoint's decode section, the default of every command that translates with it."""
-    from translate.checkpoint import load_checkpoint
     from translate.engine import EngineSpec
     from translate.textio import read_all_lines
-    from translate.tune import GRID, tune_checkpoint
+    from translate.tune import tune_checkpoint
 
     _keep_freed_memory()
-    grid = lenpen or load_checkpoint(checkpoint)["config"]["decode"].get("tune_length_penalty") or GRID
     sources, references = read_all_lines(src, "source"), read_all_lines(ref, "reference")
     if len(sources) != len(references):
         raise UserError(f"{src} has {len(sources)} lines but {ref} has {len(references)}: they must match")
     spec = EngineSpec(
         [checkpoint], device=device, dtype=dtype, protect=True, batch_tokens=batch_tokens, workers=workers
     )
-    choice, written = tune_checkpoint(checkpoint, sources, references, grid, spec=spec, write=not dry_run, split=split)
+    choice, written = tune_checkpoint(
+        checkpoint, sources, references, lenpen, spec=spec, write=not dry_run, split=split
+    )
     typer.echo(choice.summary())
     typer.echo(f"written into {', '.join(map(str, written))}" if written else "--dry-run: the checkpoint is unchanged")
 

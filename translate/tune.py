@@ -89,11 +89,6 @@ def search_length_penalty(
     return Choice(choose(bleu, before), before, bleu, engine.defaults.beam_size, len(sources))
 
 
-def kept_choice(ckpt: dict[str, Any]) -> dict[str, Any] | None:
-    """The Choice a checkpoint keeps (as a dict), if any."""
-    return ckpt.get("tune_length_penalty")
-
-
 def write_choice(path: Path, choice: Choice, ckpt: dict[str, Any] | None = None) -> list[Path]:
     """The choice into the checkpoint at `path` (its decode.length_penalty and the scores), saved
     atomically; the other names of that file in its directory (best.pt, last.pt and step_N.pt are
@@ -112,21 +107,22 @@ def tune_checkpoint(
     path: Path,
     sources: Sequence[str],
     references: Sequence[str],
-    grid: Sequence[float],
+    grid: Sequence[float] | None = None,
     *,
     spec: EngineSpec | None = None,
     write: bool = True,
     skip_if_done: bool = False,
     split: bool = True,
 ) -> tuple[Choice | None, list[Path]]:
-    """Search `grid` for the checkpoint at `path` (loaded by `spec`, default: as `translate
+    """Search `grid` (None: the checkpoint's decode.tune_length_penalty, else GRID) for the
+    checkpoint at `path` (loaded by `spec`, default: as `translate
     evaluate` loads it; `split`: a line's sentences apart), logging each alpha, and write the
     choice into it (`write`). With `skip_if_done`, nothing is done where the checkpoint already
     keeps a choice of the same search: (None, []). The search uses the checkpoint's beam
     (spec.beam_size is ignored). Returns the choice and the files written."""
     ckpt = load_checkpoint(path)
-    kept = kept_choice(ckpt)
-    grid = check_grid(grid, "the length-penalty grid")
+    kept = ckpt.get("tune_length_penalty")
+    grid = check_grid(grid or ckpt["config"]["decode"].get("tune_length_penalty") or GRID, "the length-penalty grid")
     beam = ckpt["config"]["decode"]["beam_size"]
     if (
         skip_if_done
