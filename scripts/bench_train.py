@@ -59,6 +59,7 @@ from reference_trainer import ReferenceTrainer  # noqa: E402
 from translate.batching import padding_fraction, round_up  # noqa: E402
 from translate.config import Config, config_from_dict, config_to_dict, load_config  # noqa: E402
 from translate.data import Batch, Prefetcher, collate  # noqa: E402
+from translate.errors import UserError  # noqa: E402
 from translate.hardware import cpu_info, describe_machine  # noqa: E402
 from translate.model import Transformer  # noqa: E402
 from translate.syncs import SyncCounter  # noqa: E402
@@ -320,23 +321,25 @@ def steady_benchmark(cfg: Config, args: argparse.Namespace) -> None:
     n = 8192 if device.type == "cuda" else 2048
     print(f"{dtype} matmul peak (torch.mm {n}x{n}, median): {peak / 1e12:,.2f} TFLOP/s", flush=True)
     variants = [("as configured", [])] + [parse_variant(v) for v in args.variant]
-    rows = []
+    rows, failed = [], []
     for label, overrides in variants:
-        trainer = make_trainer(cfg, [f"name={cfg.name}_bench", *overrides])
-        t = trainer.cfg.train
-        what = (
-            f"{label}: {trainer.max_tokens:,} tokens x {t.accumulate}, {trainer.precision}, compile {t.compile}, "
-            f"attention {t.attention}, pad_to_multiple {t.pad_to_multiple} ({trainer.padding.reason})"
-        )
-        print(f"== {what}", flush=True)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        try:
+        trainer = r = None
+        try:  # one variant failing (a kernel missing, memory, a compiler) leaves the others to run
+            trainer = make_trainer(cfg, [f"name={cfg.name}_bench", *overrides])
+            t = trainer.cfg.train
+            what = (
+                f"{label}: {trainer.max_tokens:,} tokens x {t.accumulate}, {trainer.precision}, compile {t.compile}, "
+                f"attention {t.attention}, pad_to_multiple {t.pad_to_multiple} ({trainer.padding.reason})"
+            )
+            print(f"== {what}", flush=True)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
             r = steady_state(trainer, args.updates, peak)
-        except Exception as e:  # one variant failing (a kernel missing, memory) leaves the others to run
-            print(f"   failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}", flush=True)
-            r = None
-        trainer.close()
+        except Exception as e:
+            failed.append(f"{label}: failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
+            print(f"== {failed[-1]}", flush=True)
+        if trainer is not None:
+            trainer.close()
         del trainer
         gc.collect()
         if device.type == "cuda":
@@ -360,6 +363,8 @@ def steady_benchmark(cfg: Config, args: argparse.Namespace) -> None:
             f"{label:28} {r['tok_s']:>13,.0f} {r['tflop_s']:>8.1f} {r['mfu']:>6.1%} {r['host_ms']:>8.1f} "
             f"{r['device_ms']:>10.1f} {r['syncs']:>6}  {r['attention']}"
         )
+    for line in failed:  # below the table, so that a summary of the last lines shows them too
+        print(line)
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
@@ -391,7 +396,14 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = load_config(args.config, [f"run_dir={args.run_dir}", "train.log_every=1000000", *args.set])
+    try:  # a mistake in the config or a variant: one line before anything runs
+        cfg = load_config(args.config, [f"run_dir={args.run_dir}", "train.log_every=1000000", *args.set])
+        for label, overrides in map(parse_variant, args.variant):
+            if not label or not overrides:
+                raise UserError(f"--variant {label!r}: expected 'LABEL=key=value,...'")
+            with_overrides(cfg, overrides)
+    except UserError as e:
+        sys.exit(f"error: {e}")
     if args.bf16_loss_steps:
         bf16_loss(cfg, args.bf16_loss_steps)
         return
