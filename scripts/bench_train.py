@@ -368,8 +368,10 @@ def steady_benchmark(cfg: Config, args: argparse.Namespace) -> None:
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
-    """'LABEL=key=value,key=value' -> (LABEL, ['key=value', ...])."""
+    """'LABEL=key=value,key=value' -> (LABEL, ['key=value', ...]); a UserError without a label or an override."""
     label, _, overrides = text.partition("=")
+    if not label or not overrides:
+        raise UserError(f"--variant {label!r}: expected 'LABEL=key=value,...'")
     return label, [o for o in overrides.split(",") if o]
 
 
@@ -398,10 +400,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     try:  # a mistake in the config or a variant: one line before anything runs
         cfg = load_config(args.config, [f"run_dir={args.run_dir}", "train.log_every=1000000", *args.set])
-        for label, overrides in map(parse_variant, args.variant):
-            if not label or not overrides:
-                raise UserError(f"--variant {label!r}: expected 'LABEL=key=value,...'")
-            with_overrides(cfg, overrides)
+        for variant in args.variant:
+            with_overrides(cfg, parse_variant(variant)[1])
     except UserError as e:
         sys.exit(f"error: {e}")
     if args.bf16_loss_steps:

@@ -48,19 +48,7 @@ def test_steady_state_counts_no_synchronisation_in_an_update(tmp_path):
 def test_cpu_comparison_times_every_trainer_on_the_same_batches(tmp_path):
     out = bench(
         tmp_path,
-        *(
-            "--vs-reference",
-            "--precisions",
-            "fp32",
-            "--threads",
-            "1",
-            "--warmup",
-            "1",
-            "--window",
-            "2",
-            "--windows",
-            "2",
-        ),
+        *"--vs-reference --precisions fp32 --threads 1 --warmup 1 --window 2 --windows 2".split(),
         *("--variant", "pad 8=train.pad_to_multiple=8"),
     )
     assert out.returncode == 0, out.stderr[-2000:]
