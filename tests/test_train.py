@@ -382,6 +382,32 @@ def test_time_budget_stops_on_time_with_a_last_validation_and_checkpoint(tmp_pat
     assert 6 <= more["progress"]["elapsed"] < last["progress"]["elapsed"] + 6
 
 
+@pytest.mark.slow  # compiles the model (about a minute on 2 cores): `make test-all` and CI run it
+def test_compiled_training_computes_the_eager_updates_and_saves_the_plain_model(tmp_path):
+    """train.compile: the updates of the torch.compile'd model compute the eager ones (no dropout
+    here: compiled code draws its own random numbers); checkpoints hold the plain model's weights,
+    which decode and resume."""
+    model = {"dropout": 0.0}
+    eager = Trainer(cfg_for(tmp_path, "eager", model=model, max_steps=3), resume=False)
+    compiled = Trainer(cfg_for(tmp_path, "compiled", model=model, max_steps=3, compile=True), resume=False)
+    assert compiled.net is not compiled.model and eager.net is eager.model
+    for indices in eager.epoch_batches(0)[:3]:  # batches of three shapes: a graph, then a dynamic one
+        a, b = eager.update([eager.collate(indices)]), compiled.update([compiled.collate(indices)])
+        assert float(b.loss) == pytest.approx(float(a.loss), rel=1e-4)
+    eager.close()
+    compiled.close()
+
+    Trainer(cfg_for(tmp_path, "fit", model=model, max_steps=3, compile=True), resume=False).fit()
+    last = tmp_path / "runs" / "fit" / "checkpoints" / "last.pt"
+    ckpt = load_checkpoint(last)
+    assert not any("_orig_mod" in key for key in ckpt["model"])
+    load_model(last)  # the plain Transformer takes them as they are
+    resumed = Trainer(cfg_for(tmp_path, "fit", model=model, max_steps=5, compile=True), resume=True)
+    assert resumed.state.step == 3
+    resumed.fit()
+    assert resumed.state.step == 5 and load_checkpoint(last)["step"] == 5
+
+
 def test_info_says_what_the_run_trained_on(trained_run):
     run, _ = trained_run
     out = run_cli("info", run / "checkpoints" / "last.pt").stdout
