@@ -16,7 +16,7 @@
 #    per update, synchronisations per update, the attention kernel and the peak memory;
 # 4. `translate train` of the same config on the same data: 200 updates, then --resume to 300,
 #    its tokens/s (train.log) to set beside the benchmark's.
-# Each step has a time cap, so that the whole run stays under 10 minutes.
+# Each step has a time cap (120 + 60 + 240 + 180 s), so that the whole run stays under 10 minutes.
 # The summary lands in $GPU_CHECK_OUT/summary.txt (default gpu_check/), each step's whole log
 # beside it; the synthetic data and the scratch runs in $GPU_CHECK_WORK (default /tmp/gpu_check).
 set -uo pipefail
@@ -27,10 +27,10 @@ OUT=${GPU_CHECK_OUT:-gpu_check}
 WORK=${GPU_CHECK_WORK:-/tmp/gpu_check}
 
 tests() {
-    $PY -m pytest -m cuda -q -rs --tb=short -p no:cacheprovider tests/test_cuda.py
+    timeout 120 $PY -m pytest -m cuda -q -rs --tb=short -p no:cacheprovider tests/test_cuda.py
 }
 synthetic() {
-    $PY scripts/make_synthetic.py 300000 "$WORK/syn/train" --lexicon 60000
+    timeout 60 $PY scripts/make_synthetic.py 300000 "$WORK/syn/train" --lexicon 60000  # 10 s on one CPU core
 }
 DATA=(--set data.source=files --set data.train="$WORK/syn/train" --set data.dataset=null --set data.subset=null)
 benchmark() {
