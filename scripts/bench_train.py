@@ -179,7 +179,7 @@ def cpu_benchmark(cfg: Config, args: argparse.Namespace) -> None:
     padded = contenders[0].batches
     if args.vs_reference:
         torch.manual_seed(cfg.seed)
-        ref = ReferenceTrainer(cfg, first.tokenizer.vocab_size)
+        ref = ReferenceTrainer(first.cfg, first.tokenizer.vocab_size)  # the model the first trainer built
         plain = [collate(first.train_data, b) for b in index_batches[:need]]
         contenders.append(Timed("reference nn.Transformer fp32", ref.step, first.model, plain))
 

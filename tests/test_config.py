@@ -52,6 +52,9 @@ def test_unknown_key_suggests_closest():
         ({"train": {"lr": {"fp32": 1.5e-3, "bf16": 1e-3}}}, r"train.lr by precision needs a value for each of fp32"),
         ({"train": {"lr": {"fp32": -1.0, "bf16": 1e-3, "fp16": 1e-3}}}, r"train.lr must be positive"),
         ({"train": {"lr": {"fp32": "fast", "bf16": 1e-3, "fp16": 1e-3}}}, r"train.lr' expects float or a mapping"),
+        ({"model": {"d_ff": {"fp32": 512, "bf16": 1024}}}, r"model.d_ff by precision needs a value for each of fp32"),
+        ({"model": {"d_ff": {"fp32": 0, "bf16": 1024, "fp16": 1024}}}, r"model.d_ff must be positive"),
+        ({"model": {"d_ff": {"fp32": 1.5, "bf16": 1024, "fp16": 1024}}}, r"model.d_ff' expects int or a mapping"),
     ],
 )
 def test_bad_values_name_the_key(raw, message):
@@ -73,6 +76,8 @@ def test_overrides_and_yaml_quirks():
     assert config_from_dict(by_precision, ["train.max_tokens=4096"]).train.max_tokens == 4096  # one for all
     lrs = config_from_dict({"train": {"lr": {"fp32": "1.5e-3", "bf16": 1e-3, "fp16": 1e-3}}}, ["train.lr.bf16=7e-4"])
     assert lrs.train.lr == pytest.approx({"fp32": 1.5e-3, "bf16": 7e-4, "fp16": 1e-3})
+    widths = config_from_dict({"model": {"d_ff": {"fp32": 512, "bf16": 1024, "fp16": 1024}}}, ["model.d_ff.fp16=768"])
+    assert widths.model.d_ff == {"fp32": 512, "bf16": 1024, "fp16": 768}
     with pytest.raises(UserError, match="section.key=value"):
         config_from_dict({}, ["model.d_model"])
     with pytest.raises(UserError, match="unknown config key 'model.dmodel'"):

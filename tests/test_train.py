@@ -202,6 +202,44 @@ def test_lr_by_precision_takes_the_entry_of_the_precision_chosen(tmp_path, monke
         t.close()
 
 
+def test_d_ff_by_precision_builds_the_precisions_model_and_a_continued_run_keeps_its_checkpoints(
+    tmp_path, monkeypatch, caplog
+):
+    """model.d_ff as a mapping: a new run builds the width of the precision train.amp chose, and its
+    checkpoints hold that one number (they load anywhere); --resume and train.init_from keep the
+    checkpoint's width on any precision, and a mapping without it is refused as a plain number would be."""
+    monkeypatch.setattr(hardware, "_cpu_info", hardware.CpuInfo("AVX512", True, "mocked", 2))  # bf16 allowed
+    widths = {"fp32": 48, "bf16": 64, "fp16": 80}
+    with caplog.at_level(logging.INFO):
+        fp32 = Trainer(cfg_for(tmp_path, "w", model={"d_ff": widths}, amp="off", max_steps=2), resume=False)
+        fp32.fit()
+    bf16 = Trainer(cfg_for(tmp_path, "other", model={"d_ff": widths}, amp="bf16"), resume=False)
+    assert fp32.model.encoder[0].ffn.linear1.out_features == 48
+    assert bf16.model.encoder[0].ffn.linear1.out_features == 64
+    bf16.close()
+    assert "d_ff 48: by precision: fp32 -> 48" in caplog.text
+    last = tmp_path / "runs" / "w" / "checkpoints" / "last.pt"
+    assert load_checkpoint(last)["config"]["model"]["d_ff"] == 48
+    assert load_model(last)[0].encoder[0].ffn.linear1.out_features == 48
+    saved = yaml.safe_load((tmp_path / "runs" / "w" / "config.yaml").read_text())
+    assert saved["model"]["d_ff"] == 48  # the run's config: its model
+
+    elsewhere = {"fp32": 64, "bf16": 48, "fp16": 80}  # as on hardware of another precision
+    resumed = Trainer(cfg_for(tmp_path, "w", model={"d_ff": elsewhere}, amp="off", max_steps=3), resume=True)
+    assert resumed.model.encoder[0].ffn.linear1.out_features == 48 and resumed.state.step == 2
+    assert "the checkpoint's width" in resumed.hardware()["d_ff"]
+    resumed.fit()
+    started = Trainer(
+        cfg_for(tmp_path, "init", model={"d_ff": elsewhere}, amp="off", max_steps=1, init_from=str(last)), resume=False
+    )
+    assert started.model.encoder[0].ffn.linear1.out_features == 48
+    started.close()
+    with pytest.raises(UserError, match="model.d_ff"):
+        Trainer(cfg_for(tmp_path, "w", model={"d_ff": {**widths, "fp32": 96}}, amp="off", max_steps=4), resume=True)
+    with pytest.raises(UserError, match="model.d_ff"):
+        Trainer(cfg_for(tmp_path, "init2", model={"d_ff": 96}, amp="off", init_from=str(last)), resume=False)
+
+
 def test_a_run_resumed_with_another_lr_goes_on_at_the_new_peak(tmp_path):
     """train.lr may change on --resume (or another precision's entry apply): the schedule goes on
     from the step it reached, scaled to the new peak; unchanged, nothing moves (exact resume)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from translate.checkpoint import load_checkpoint
-from translate.config import Config, VocabConfig, config_to_dict
+from translate.config import Config, VocabConfig, agrees, config_to_dict
 from translate.errors import UserError
 
 FREE_MODEL_KEYS = ("dropout", "attention_dropout")  # may differ from the checkpoint's
@@ -27,7 +27,7 @@ def load_init(cfg: Config) -> dict[str, Any]:
     path = Path(cfg.train.init_from).expanduser()
     ckpt = load_checkpoint(path)
     here, there = config_to_dict(cfg)["model"], ckpt["config"]["model"]
-    differ = [k for k in here if k not in FREE_MODEL_KEYS and here[k] != there.get(k)]
+    differ = [k for k in here if k not in FREE_MODEL_KEYS and not agrees(here[k], there.get(k))]
     if differ:
         keys = ", ".join(f"model.{k} ({here[k]!r} here, {there.get(k)!r} there)" for k in differ)
         raise UserError(f"cannot initialise from {path}: the model settings differ from the checkpoint's: {keys}")

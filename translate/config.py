@@ -61,11 +61,17 @@ class VocabConfig:
     sample_size: int = 300_000  # sentences SentencePiece trains on (a random sample; ~3 KB of RAM each)
 
 
+Precision = Literal["fp32", "bf16", "fp16"]  # what train.amp trains at (hardware.precision_name)
+PRECISIONS = typing.get_args(Precision)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     d_model: int = 256
     n_heads: int = 4
-    d_ff: int = 1024
+    # the feed-forward layers' width; or one per precision (fp32, bf16, fp16), as train.max_tokens: the
+    # trainer builds the model of the precision train.amp chooses, and its checkpoints keep that one number
+    d_ff: Union[int, dict[Precision, int]] = 1024
     encoder_layers: int = 3
     decoder_layers: int = 3
     dropout: float = 0.1
@@ -76,10 +82,6 @@ class ModelConfig:
     norm: Literal["post", "pre"] = "post"
     tie_embeddings: bool = True
     max_positions: int = 1024
-
-
-Precision = Literal["fp32", "bf16", "fp16"]  # what train.amp trains at (hardware.precision_name)
-PRECISIONS = typing.get_args(Precision)
 
 
 @dataclass(frozen=True)
@@ -288,6 +290,12 @@ def values_of(setting: Any) -> list[Any]:
     return list(setting.values()) if isinstance(setting, dict) else [setting]
 
 
+def agrees(setting: Any, saved: Any) -> bool:
+    """Whether a config setting agrees with a checkpoint's value: equal, or, given by precision, one of its values
+    (a run resumed or initialised from a checkpoint keeps that checkpoint's model on any hardware)."""
+    return setting == saved or (isinstance(setting, dict) and saved in setting.values())
+
+
 def _each_precision(setting: Any, key: str) -> tuple[bool, str]:
     """The rule of a setting given by precision: a value for each precision train.amp may choose."""
     return (
@@ -302,9 +310,10 @@ def _rules(cfg: Config) -> list[tuple[bool, str]]:
     return [
         (m.d_model % m.n_heads == 0, f"model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads})"),
         (
-            m.d_model > 0 and m.n_heads > 0 and m.d_ff > 0,
+            m.d_model > 0 and m.n_heads > 0 and min(values_of(m.d_ff)) > 0,
             "model.d_model, model.n_heads and model.d_ff must be positive",
         ),
+        _each_precision(m.d_ff, "model.d_ff"),
         (
             m.encoder_layers > 0 and m.decoder_layers > 0,
             "model.encoder_layers and model.decoder_layers must be positive",

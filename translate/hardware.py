@@ -160,7 +160,7 @@ def choose_padding(setting: int | str, device: torch.device, amp: torch.dtype | 
 
 
 def by_precision(setting: T | dict[str, T], amp: torch.dtype | None) -> tuple[T, str]:
-    """A setting that may name one value per precision (train.max_tokens, train.lr) at this precision:
+    """A setting that may name one value per precision (train.max_tokens, train.lr, model.d_ff) at this precision:
     the value, or the mapping's entry for the precision train.amp chose (the config checks that it has
     one for each); and why, for the log."""
     if not isinstance(setting, dict):

@@ -11,7 +11,7 @@ from tensorboard.backend.event_processing.event_file_loader import LegacyEventFi
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from translate.checkpoint import load_checkpoint, step_checkpoints
-from translate.config import Config, config_to_dict
+from translate.config import Config, agrees, config_to_dict
 from translate.errors import UserError
 
 
@@ -54,7 +54,7 @@ def check_same_setup(cfg: Config, ckpt: dict[str, Any]) -> None:
     saved, now = ckpt["config"], config_to_dict(cfg)
     for section in ("model", "vocab", "data"):
         for key, value in saved[section].items():
-            if now[section].get(key) != value:
+            if not agrees(now[section].get(key), value):
                 raise UserError(
                     f"cannot resume: {section}.{key} is {now[section].get(key)!r} here but "
                     f"{value!r} in {cfg.run_path / 'checkpoints' / 'last.pt'}"

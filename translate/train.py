@@ -24,6 +24,7 @@ lines, since its methods share one run's model, optimizer, data and state.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import signal
@@ -118,7 +119,7 @@ class Trainer:
         del init
         self.logger = TensorboardLogger(self.run / "tb", self.main, self.state.step, resume)
         if self.main:
-            self._write_header(cfg)
+            self._write_header(self.cfg)
         self.speed = Speedometer(self.device, self.state.skipped)
         self.session = (time.perf_counter(), self.state.elapsed, self.state.step)  # when, and how far, it started
         self.metrics: dict[str, float] = {}
@@ -168,6 +169,9 @@ class Trainer:
 
     def _build(self, cfg: Config, resume: bool, resumed: dict[str, Any] | None, init: dict[str, Any] | None) -> None:
         """Model, optimizer, schedule and scaler: fresh, from last.pt (--resume) or from train.init_from."""
+        last = self.ckpt_dir / "last.pt"
+        ckpt = (resumed or load_checkpoint(last)) if resume and last.is_file() else None
+        self.cfg = cfg = self._at_width(cfg, ckpt or init)
         seed_everything(cfg.seed)
         self.model = Transformer(cfg.model, self.tokenizer.vocab_size).to(self.device)
         self.optimizer = build_optimizer(cfg, self.model, self.lr)
@@ -177,12 +181,11 @@ class Trainer:
         )
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == torch.float16)
         self.state = TrainState()
-        last = self.ckpt_dir / "last.pt"
-        if resume and last.is_file():
-            self._restore(resumed or load_checkpoint(last))
+        if ckpt is not None:
+            self._restore(ckpt)
         elif resume and self.main:
             log.info(f"--resume: {last} does not exist yet, starting from step 0")
-        if init and not (resume and last.is_file()):
+        if init and ckpt is None:
             self.model.load_state_dict(init["model"])
             log.info(f"weights and vocabulary from {cfg.train.init_from} (step {init.get('step')}); fresh optimizer")
         self.net: torch.nn.Module = self.model
@@ -191,6 +194,17 @@ class Trainer:
             self.net = DDP(self.model, device_ids=ids, broadcast_buffers=False)
         if cfg.train.compile:
             self.net = torch.compile(self.net)
+
+    def _at_width(self, cfg: Config, ckpt: dict[str, Any] | None) -> Config:
+        """The config with model.d_ff as one number: where the run continues a checkpoint (--resume,
+        train.init_from) that checkpoint's width, which the config was found to agree with; otherwise the
+        entry of the precision train.amp chose, where the config gives one per precision."""
+        setting = cfg.model.d_ff
+        if ckpt is not None and isinstance(setting, dict):
+            d_ff, self.d_ff_reason = ckpt["config"]["model"]["d_ff"], "by precision: the checkpoint's width"
+        else:
+            d_ff, self.d_ff_reason = by_precision(setting, self.amp)
+        return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, d_ff=d_ff))
 
     def _write_header(self, cfg: Config) -> None:
         """Rank 0: the checkpoint directory, config.yaml, and what the run trains on."""
@@ -201,6 +215,7 @@ class Trainer:
         log.info(f"pad_to_multiple {cfg.train.pad_to_multiple}: {self.padding.reason}")
         log.info(f"max_tokens {self.max_tokens}: {self.max_tokens_reason}")
         log.info(f"lr {self.lr:g}: {self.lr_reason}")
+        log.info(f"d_ff {cfg.model.d_ff}: {self.d_ff_reason}")
         log.info(
             f"model: {count_parameters(self.model):,} parameters, vocab {self.tokenizer.vocab_size}; "
             f"device {self.device}, precision {self.precision}, world size {self.world}; "
@@ -221,6 +236,7 @@ class Trainer:
             "padding": f"train.pad_to_multiple {self.cfg.train.pad_to_multiple}: {self.padding.reason}",
             "max_tokens": f"train.max_tokens {self.max_tokens}: {self.max_tokens_reason}",
             "lr": f"train.lr {self.lr:g}: {self.lr_reason}",
+            "d_ff": f"model.d_ff {self.cfg.model.d_ff}: {self.d_ff_reason}",
             "cpu": info.capability,
             "cpu_native_bf16": info.native_bf16,
             "world_size": self.world,
