@@ -208,9 +208,13 @@ def cpu_benchmark(cfg: Config, args: argparse.Namespace) -> None:
 def print_cpu_table(cfg, first: Trainer, contenders, padded, pad, n_batches, peak32, peak16, vs_reference) -> None:
     device = first.device
     print()
-    print(
-        f"model: {sum(p.numel() for p in first.model.parameters()):,} parameters; batches of train.max_tokens={first.max_tokens}; threads {torch.get_num_threads()}"
+    sizes = {c.name: sum(p.numel() for p in c.flops_model.parameters()) for c in contenders}
+    models = (  # a setting given by precision (model.d_ff) may build another model at each precision
+        f"model: {sizes[contenders[0].name]:,} parameters"
+        if len(set(sizes.values())) == 1
+        else "models: " + ", ".join(f"{name} {n:,}" for name, n in sizes.items()) + " parameters"
     )
+    print(f"{models}; batches of train.max_tokens={first.max_tokens}; threads {torch.get_num_threads()}")
     print(f"padding: {pad:.2%} of source + target positions in the epoch's {n_batches} batches")
     positions = sum(b.src.numel() + b.tgt_out.numel() for b in padded)
     print(

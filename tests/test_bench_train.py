@@ -3,6 +3,7 @@ measurement (the GPU's, run here on a CPU), on the tiny config; a bad variant is
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,11 +50,18 @@ def test_cpu_comparison_times_every_trainer_on_the_same_batches(tmp_path):
     out = bench(
         tmp_path,
         *"--vs-reference --precisions fp32 --threads 1 --warmup 1 --window 2 --windows 2".split(),
-        *("--variant", "pad 8=train.pad_to_multiple=8"),
+        *("--variant", "pad 8=train.pad_to_multiple=8", "--variant", "ff 32=model.d_ff=32"),
     )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = table(out.stdout, "trainer")
-    assert set(rows) == {"translate fp32", "translate fp32 pad 8", "reference nn.Transformer fp32"}, out.stdout
+    names = {"translate fp32", "translate fp32 pad 8", "translate fp32 ff 32", "reference nn.Transformer fp32"}
+    assert set(rows) == names, out.stdout
+    models = next(line for line in out.stdout.splitlines() if line.startswith("models: "))  # two widths
+
+    def size(name: str) -> int:
+        return int(re.search(re.escape(name) + r" ([\d,]+)", models).group(1).replace(",", ""))
+
+    assert size("translate fp32 ff 32") < size("translate fp32") == size("reference nn.Transformer fp32")
     for cols in rows.values():
         assert float(cols[0].replace(",", "")) >= float(cols[1].replace(",", "")) > 0  # all tokens >= target tokens
     assert "translate fp32 / reference fp32:" in out.stdout and "translate fp32 pad 8 / reference fp32:" in out.stdout
