@@ -221,6 +221,13 @@ class Trainer:
             f"device {self.device}, precision {self.precision}, world size {self.world}; "
             f"{len(self.train_data):,} train pairs"
         )
+        m = cfg.model
+        if m.norm == "post" and m.decoder_layers < m.encoder_layers:
+            log.warning(
+                f"model: a post-norm decoder shallower than its encoder ({m.encoder_layers} + {m.decoder_layers} "
+                "layers) learnt nothing in measured runs at a high learning rate and a short warmup; "
+                "model.norm: pre trains this shape (docs/training.md)"
+            )
 
     @property
     def precision(self) -> str:
