@@ -132,6 +132,12 @@ def test_html_inline_markup_keeps_its_order_and_spacing():
     assert out == "<p>CLICK SAVE NOW. <b></b></p>"  # lost: put back at the end, once
 
 
+@pytest.mark.parametrize("tail", ["<!-- an unclosed comment", '<a href="x', '<img alt="unclosed', "<"])
+def test_html_left_open_at_the_end_is_copied_not_translated(tail):
+    """Markup the document leaves open at its end (a browser drops it) is copied byte for byte."""
+    assert translate_html("<p>Go home.</p>" + tail, protected(upper, CLASSES)) == "<p>GO HOME.</p>" + tail
+
+
 def test_html_escapes_the_translation():
     out = translate_html('<p title="x">a</p>', protected(lambda b: ['Tom & "Jerry" <3'] * len(b), CLASSES))
     assert out == '<p title="Tom &amp; &quot;Jerry&quot; &lt;3">Tom &amp; "Jerry" &lt;3</p>'

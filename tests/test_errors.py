@@ -72,6 +72,7 @@ def files(tmp_path) -> SimpleNamespace:
         "list.yaml": b"- model\n- train\n",
         "binary.yaml": b"\xff\xfe\x00bad",
         "typo.yaml": b"model:\n  d_modle: 32\n",
+        "twice.yaml": b"train:\n  lr: 1.0e-3\nmodel: {}\ntrain:\n  max_steps: 5\n",
         "two.en": b"one\ntwo\n",
         "two.fr": b"un\n",
         "bad.en": b"fine\nbad \xff here\n",
@@ -82,6 +83,7 @@ def files(tmp_path) -> SimpleNamespace:
         "blank.fr": b"x\ny\n",
         "bad.jsonl": b'{"en": "a", "fr": "b"}\n{"en": "a", \n',
         "three.fr": b"un\ndeux\ntrois\n",
+        "terms.tsv": b"Lord\tSeigneur\n",
         "odd.en": "\ufeffHello.\r\n\n   \n...!?\n中文句子。\n😀🎉\n".encode(),
     }
     for name, data in writes.items():
@@ -103,6 +105,8 @@ def broken(trained_run, tmp_path_factory) -> SimpleNamespace:
     torch.save({**good, "format": 99}, d / "future.pt")
     torch.save({"model": torch.nn.Linear(4, 2).state_dict(), "epoch": 3}, d / "unrelated.pt")
     torch.save({"format": CHECKPOINT_FORMAT, "model": {}}, d / "incomplete.pt")
+    torch.save({**good, "config": "decode: {}"}, d / "badconfig.pt")
+    torch.save({**good, "spm_model": b"not a sentencepiece model"}, d / "badspm.pt")
     shrunk = {k: v[..., :1].clone() if v.dim() else v for k, v in good["model"].items()}
     torch.save({**good, "model": shrunk}, d / "shapes.pt")
     return SimpleNamespace(dir=d, **{p.stem: p for p in d.iterdir()})
@@ -132,6 +136,17 @@ CONFIG_CASES = {
         ["model.d_model (30)", "model.n_heads (4)"],
     ),
     "beam 0": (lambda f: ["--config", f.config, "--set", "decode.beam_size=0"], ["decode.beam_size"]),
+    "no heads": (lambda f: ["--config", f.config, "--set", "model.n_heads=0"], ["model.n_heads", "positive"]),
+    "infinite lr": (lambda f: ["--config", f.config, "--set", "train.lr=.inf"], ["train.lr must be a finite number"]),
+    "nan length penalty": (
+        lambda f: ["--config", f.config, "--set", "decode.length_penalty=.nan"],
+        ["decode.length_penalty must be a finite number"],
+    ),
+    "negative length penalty": (
+        lambda f: ["--config", f.config, "--set", "decode.length_penalty=-1"],
+        ["decode.length_penalty must be at least 0"],
+    ),
+    "key given twice": (lambda f: ["--config", f.twice_yaml], ["twice.yaml", "line 4", "key 'train' given twice"]),
     "max_tokens below a sentence": (
         lambda f: ["--config", f.config, "--set", "train.max_tokens=64"],
         ["train.max_tokens (64)", "data.max_len (128)"],
@@ -224,6 +239,8 @@ CHECKPOINT_CASES = {
     "other format": ("future.pt", ["future.pt", "checkpoint format 99", f"reads format {CHECKPOINT_FORMAT}"]),
     "unrelated model": ("unrelated.pt", ["unrelated.pt", "not a translate checkpoint"]),
     "incomplete": ("incomplete.pt", ["incomplete.pt", "no config, vocab_size, spm_model"]),
+    "corrupt config": ("badconfig.pt", ["badconfig.pt", "corrupt: its config"]),
+    "corrupt vocabulary": ("badspm.pt", ["badspm.pt", "corrupt: its spm_model"]),
     "other shapes": ("shapes.pt", ["shapes.pt", "weights do not fit", "size mismatch"]),
 }
 
@@ -257,6 +274,9 @@ def test_average_mistakes(cli, trained_run, broken, tmp_path):
         (["average", "--last", "9", "--run", run, "-o", out], ["fewer than --last 9"]),
         (["average", "--last", "2", "--run", run, "-o", tmp_path / "no" / "avg.pt"], ["directory", "does not exist"]),
         (["average", ckpts / "step_0000004.pt", ckpts / "last.pt", "-o", ckpts / "last.pt"], ["one of the inputs"]),
+        (["average", "--last", "2", "--run", run, ckpts / "best.pt", "-o", out], ["either checkpoints or --last"]),
+        (["average", "--last", "2", "--run", tmp_path / "nope", "-o", out], ["nope", "not a run directory"]),
+        (["average", ckpts / "best.pt", ckpts / "last.pt", "--run", run, "-o", out], ["--run goes with --last"]),
     ]
     for args, names in cases:
         assert_one_error(*cli(*args)[::2], *names)
@@ -283,6 +303,14 @@ def decode_cases(f: SimpleNamespace, ckpt: Path) -> dict[str, tuple[list, list]]
         "negative max len": (["decode", ckpt, "-i", f.odd_en, "--max-len-a", "-1"], ["--max-len-a"]),
         "negative workers": (["decode", ckpt, "-i", f.odd_en, "--workers", "-1"], ["--workers must be at least 0"]),
         "nbest above beam": (["decode", ckpt, "-i", f.odd_en, "--beam", "2", "--nbest", "3"], ["nbest", "(2)"]),
+        "beam above the vocabulary": (["decode", ckpt, "-i", f.odd_en, "--beam", "100000"], ["--beam", "vocabulary"]),
+        "nan length penalty": (["decode", ckpt, "-i", f.odd_en, "--lenpen", "nan"], ["--lenpen", "finite", "nan"]),
+        "negative length penalty": (["decode", ckpt, "-i", f.odd_en, "--lenpen", "-1"], ["--lenpen", "at least 0"]),
+        "infinite max len": (["decode", ckpt, "-i", f.odd_en, "--max-len-a", "inf"], ["--max-len-a", "finite"]),
+        "output is the glossary": (
+            ["decode", ckpt, "-i", f.odd_en, "-o", f.terms_tsv, "--glossary", f.terms_tsv],
+            ["--output", "one of the input files"],
+        ),
         "unknown device": (["decode", ckpt, "-i", f.odd_en, "--device", "tpu"], ["--device", "'tpu'"]),
         "line counts": (["evaluate", "--hyp", f.two_fr, "--ref", f.three_fr], ["two.fr has 1 lines", "three.fr has 3"]),
         "empty reference": (["evaluate", "--hyp", f.empty_fr, "--ref", f.empty_fr], ["empty.fr is empty"]),
@@ -296,12 +324,22 @@ def decode_cases(f: SimpleNamespace, ckpt: Path) -> dict[str, tuple[list, list]]
             ["--output", "one of the input files"],
         ),
         "json is the reference": (["evaluate", "--hyp", ref, "--ref", ref, "--json", ref], ["--json", "input files"]),
+        "two outputs in one file": (
+            ["evaluate", ckpt, "--src", f.two_en, "--ref", f.dir / "two.fr", "-o", out, "--json", out],
+            ["--output and --json are the same file"],
+        ),
+        "report and json in one file": (
+            ["evaluate", "--hyp", ref, "--ref", ref, "--json", f.dir / "s", "--report", f.dir / "s"],
+            ["--report and --json are the same file"],
+        ),
+        "output without a source": (["evaluate", "--hyp", ref, "--ref", ref, "-o", out], ["--output", "--hyp"]),
         "json dir missing": (["evaluate", "--hyp", ref, "--ref", ref, "--json", f.dir / "no" / "s.json"], ["--json"]),
         "attention layer": (["attention", ckpt, "Hello.", "--layer", "5", "-o", f.dir / "a.png"], ["--layer 5"]),
         "attention head": (["attention", ckpt, "Hello.", "--head", "7", "-o", f.dir / "a.png"], ["--head 7"]),
         "attention empty": (["attention", ckpt, " ", "-o", f.dir / "a.png"], ["sentence to translate is empty"]),
         "attention format": (["attention", ckpt, "Hello.", "-o", f.dir / "a.txt"], ["a.txt", ".png"]),
         "plot missing run": (["plot", f.dir / "nope", "-o", f.dir / "c.png"], ["run directory not found", "nope"]),
+        "plot of a file": (["plot", f.two_en, "-o", f.dir / "c.png"], ["two.en is not a directory"]),
     }
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -292,6 +293,26 @@ def test_a_directory_in_the_way_is_refused(checkpoints, tmp_path):
     with pytest.raises(UserError, match="is not a directory"):
         export(post, "ctranslate2", full / "keep.txt")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]  # nothing half-written
+
+
+@needs_ct2
+def test_a_directory_holding_the_checkpoint_is_refused_even_with_force(checkpoints, tmp_path):
+    """`export runs/NAME/checkpoints/best.pt runs/NAME --force` would replace the run it reads."""
+    from translate.errors import UserError
+    from translate.export import export
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    ckpt = run / "checkpoints" / "best.pt"
+    shutil.copy(checkpoints["post"], ckpt)
+    for out in (run, run / "checkpoints"):
+        with pytest.raises(UserError, match="holds the checkpoint"):
+            export(ckpt, "ctranslate2", out, force=True)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "run",
+        "run/checkpoints",
+        "run/checkpoints/best.pt",
+    ]
 
 
 @needs_ct2

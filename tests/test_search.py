@@ -490,6 +490,19 @@ def test_beams_share_the_source_keys_values(model):
         )
 
 
+def test_outputs_stop_at_four_times_the_positions_whatever_the_options_say(src):
+    """--max-len-b 1e8 would have a search hold 1e8 tokens a row: outputs stop at MAX_OUTPUT_FACTOR x
+    max_positions (64 here), in greedy and beam search alike."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_heads=2, d_ff=64, encoder_layers=1, decoder_layers=1, dropout=0.0, max_positions=16)
+    model = Transformer(cfg, VOCAB).eval()
+    model.output.bias = torch.nn.Parameter(torch.zeros(VOCAB).index_fill(0, torch.tensor([EOS]), -1e4))
+    assert [len(h.tokens) for h in greedy_search([model], src[:2], 0.0, 1e8)] == [64, 64]
+    beams = beam_search([model], src[:2], SearchOptions(2, 0.6, 1e9, 0))
+    assert [len(n[0].tokens) for n in beams] == [64, 64]
+    assert max_output_lengths(src, 1e9, 1e9, limit=64).tolist() == [64] * src.size(0)
+
+
 def test_decoding_past_the_position_table(src):
     """Outputs longer than max_positions: positions are computed on the fly under inference mode,
     the cached search still equals recomputation, and the model still trains afterwards."""

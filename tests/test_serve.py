@@ -19,6 +19,7 @@ import pytest
 from tests.conftest import FIXTURES, run_cli
 from translate.batcher import QueueFull
 from translate.engine import Engine
+from translate.errors import UserError
 from translate.options import SearchOptions, ServingLimits
 
 pytest.importorskip("starlette", reason="translate serve needs the [serve] extra (starlette, uvicorn)")
@@ -27,7 +28,7 @@ pytest.importorskip("httpx", reason="Starlette's TestClient needs httpx (the [de
 from starlette.testclient import TestClient  # noqa: E402
 
 from translate.pool import DecodingFailed  # noqa: E402
-from translate.serve import create_app  # noqa: E402
+from translate.serve import create_app, listen  # noqa: E402
 
 SENTENCES = (FIXTURES / "bible.test.en").read_text(encoding="utf-8").splitlines()
 
@@ -355,6 +356,14 @@ def test_in_process_paragraphs_documents_and_glossaries_reach_the_engine():
         assert response.status_code == 400 and field in response.json()["error"]
     response = client.post("/translate", json={"text": "<p>a</p>", "format": "html", "beam_size": 2, "nbest": 2})
     assert response.status_code == 400 and "nbest" in response.json()["error"]
+    response = client.post("/translate", json={"text": "# Hello there.", "format": "markdown", "nbest": 1})
+    assert response.json() == {"translation": "# Hello there. (2)"}  # a document, not a list with a made-up score
+
+
+def test_a_port_out_of_range_is_one_line():
+    for port in (-1, 65536):
+        with pytest.raises(UserError, match=f"--port must be from 0 to 65535.*got {port}"):
+            listen("127.0.0.1", port)
 
 
 def client_of(engine, **limits) -> TestClient:
@@ -389,6 +398,8 @@ def test_in_process_answers_are_the_engines_translations(tiny_engine):
         ({"text": "a", "beam_size": 2, "nbest": 3}, 400, "nbest"),
         ({"text": "a", "length_penalty": -1}, 400, "length_penalty"),
         ({"text": "a", "length_penalty": True}, 400, "length_penalty"),
+        (b'{"text": "a", "length_penalty": Infinity}', 400, "finite"),  # Python's json reads it
+        (b'{"text": "a\\ud800 b"}', 400, "lone surrogate"),
         ({"texts": ["a", "b", "c"]}, 413, "at most 2 (--max-texts)"),
         ({"text": "a" * 300}, 413, "--max-request-bytes"),
         ({"sentence": "a"}, 400, "unknown field 'sentence'"),
@@ -396,7 +407,10 @@ def test_in_process_answers_are_the_engines_translations(tiny_engine):
 )
 def test_in_process_limits_and_checks(body, status, message):
     engine = StubEngine()
-    response = client_of(engine, max_texts=2, max_request_bytes=200, max_beam=8).post("/translate", json=body)
+    client = client_of(engine, max_texts=2, max_request_bytes=200, max_beam=8)
+    response = (
+        client.post("/translate", content=body) if isinstance(body, bytes) else client.post("/translate", json=body)
+    )
     assert response.status_code == status and message in response.json()["error"]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import stat
+
 import pytest
 
 from translate.decoding import translate_lines
@@ -58,3 +60,16 @@ def test_write_stdout(capsys, model, tokenizer):
     n = write_translations(translate_lines(model, tokenizer, ["the cat", "", "dog"], SearchOptions(beam_size=3)), "-")
     lines = capsys.readouterr().out.split("\n")
     assert n == 3 and len(lines) == 4 and lines[1] == "" and lines[3] == ""
+
+
+def test_a_replaced_file_keeps_its_permissions_and_a_read_only_one_is_refused(tmp_path):
+    private, locked = tmp_path / "private.fr", tmp_path / "locked.fr"
+    private.write_text("old\n")
+    private.chmod(0o600)
+    write_translations([[("new", 0.0)]], private)
+    assert private.read_text() == "new\n" and stat.S_IMODE(private.stat().st_mode) == 0o600
+    locked.write_text("keep\n")
+    locked.chmod(0o444)
+    with pytest.raises(UserError, match="locked.fr is read-only"):
+        write_translations([[("new", 0.0)]], locked)
+    assert locked.read_text() == "keep\n" and sorted(p.name for p in tmp_path.iterdir()) == ["locked.fr", "private.fr"]

@@ -84,10 +84,16 @@ def test_tune_command_writes_the_choice_that_decoding_then_takes(
     short.write_text("Une ligne.\n", encoding="utf-8")
     for bad, message in (
         (["--ref", valid[1], "--lenpen", "-1"], "length penalty must be >= 0"),
+        (["--ref", valid[1], "--lenpen", "1.0", "--lenpen", "nan"], "length penalty must be >= 0, got nan"),
         (["--ref", short], "they must match"),
     ):
         code, _, err = run_main(monkeypatch, capsys, "tune", ckpt, "--src", valid[0], *bad)
         assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1 and message in err
+    written = ckpt.read_bytes()
+    ckpt.chmod(0o444)  # a checkpoint the user locked: refused before the search, not after it
+    code, _, err = run_main(monkeypatch, capsys, "tune", ckpt, "--src", valid[0], "--ref", valid[1])
+    assert code == 2 and "is read-only" in err and "length penalty 0.6: BLEU" not in err
+    assert ckpt.read_bytes() == written
 
 
 def test_training_chooses_the_length_penalty_once(tmp_path, monkeypatch, capsys):

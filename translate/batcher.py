@@ -184,7 +184,7 @@ class Batcher:
                 if o not in searches:
                     searches[o] = BeamSearch(Ensemble(self.engine.models), o.beam_size, o.length_penalty, o.nbest)
                 with torch.inference_mode():
-                    max_lens = max_output_lengths(src, o.max_len_a, o.max_len_b)
+                    max_lens = max_output_lengths(src, o.max_len_a, o.max_len_b, searches[o].ensemble.max_output)
                 searches[o].add(src, max_lens, [(job, i) for job, _, todo in group for i in todo])
             except Exception as e:  # these requests fail with the reason; the others go on
                 self._fail(me, [job for job, _, _ in group], e)

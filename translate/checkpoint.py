@@ -61,7 +61,7 @@ def atomic_save(obj: Any, path: str | Path) -> None:
     A crash or a full disk at any moment leaves the previous file at `path` intact; a full disk
     or a directory that cannot be written is a UserError saying so.
     """
-    path = check_output_path(path, "cannot save")
+    path = check_output_path(path, "checkpoint")
     try:
         with atomic_write(path, "wb") as f:
             torch.save(obj, f)
@@ -108,6 +108,15 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"{path}: checkpoint format {ckpt['format']} (written by translate "
             f"{ckpt.get('versions', {}).get('translate', '?')}); this version reads format {CHECKPOINT_FORMAT}"
         )
+    kinds = {"model": dict, "config": dict, "vocab_size": int, "spm_model": bytes}
+    bad = [key for key, kind in kinds.items() if not isinstance(ckpt[key], kind)]
+    if not bad:
+        try:
+            sentencepiece.SentencePieceProcessor(model_proto=ckpt["spm_model"])
+        except Exception:  # sentencepiece raises RuntimeError (or OSError) on a model it cannot parse
+            bad = ["spm_model"]
+    if bad:
+        raise UserError(f"{path}: not a readable checkpoint (corrupt: its {', '.join(bad)})")
     return ckpt
 
 

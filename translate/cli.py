@@ -220,7 +220,9 @@ def _cpu_uses_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
 def train(
     config: ConfigOpt,
     set_: SetOpt = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the run from its checkpoints/last.pt.")] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the run from its checkpoints/last.pt (none yet: start it).")
+    ] = False,
     init_from: Annotated[
         Optional[Path],
         typer.Option(
@@ -272,7 +274,10 @@ def decode(
     batch_tokens: BatchOpt = None,
     workers: WorkersOpt = 0,
     max_len_a: Annotated[
-        Optional[float], typer.Option(help="Max output length = a * source length + b. Default: decode.max_len_a.")
+        Optional[float],
+        typer.Option(
+            help="Max output length = a * source length + b (at most 4x model.max_positions). Default: decode.max_len_a."
+        ),
     ] = None,
     max_len_b: Annotated[Optional[int], typer.Option(help="See --max-len-a. Default: decode.max_len_b.")] = None,
     device: DeviceOpt = "auto",
@@ -407,12 +412,18 @@ def average(
     if last is not None:
         if run is None:
             raise UserError("--last N needs --run RUN_DIR/NAME")
+        if checkpoints:
+            raise UserError("give either checkpoints or --last N --run RUN_DIR/NAME, not both")
         if last < 2:
             raise UserError(f"--last must be at least 2, got {last}")
+        if not (run / "checkpoints").is_dir():
+            raise UserError(f"--run {run}: not a run directory (it has no checkpoints/)")
         paths = step_checkpoints(run / "checkpoints")[-last:]
         if len(paths) < last:
             raise UserError(f"{run / 'checkpoints'} holds {len(paths)} step checkpoints, fewer than --last {last}")
     else:
+        if run is not None:
+            raise UserError("--run goes with --last N")
         paths = list(checkpoints or [])
     if len(paths) < 2:
         raise UserError("average needs at least two checkpoints (or --last N --run RUN_DIR/NAME)")
@@ -520,7 +531,7 @@ def export(
         typer.Option(
             "--quantize",
             help="ctranslate2 only: int8 | int8_float32 | int8_float16 | int8_bfloat16 | int16 | float16 | bfloat16 "
-            "(default: float32).",
+            "| float32 (the default).",
         ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT_DIR if it is not empty.")] = False,

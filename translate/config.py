@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -308,10 +309,13 @@ def _rules(cfg: Config) -> list[tuple[bool, str]]:
     """(holds, the message if it does not) for each range rule of the config."""
     m, t, v = cfg.model, cfg.train, cfg.vocab
     return [
-        (m.d_model % m.n_heads == 0, f"model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads})"),
         (
             m.d_model > 0 and m.n_heads > 0 and min(values_of(m.d_ff)) > 0,
             "model.d_model, model.n_heads and model.d_ff must be positive",
+        ),
+        (
+            m.n_heads > 0 and m.d_model % m.n_heads == 0,
+            f"model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads})",
         ),
         _each_precision(m.d_ff, "model.d_ff"),
         (
@@ -365,9 +369,26 @@ def _rules(cfg: Config) -> list[tuple[bool, str]]:
     ]
 
 
+def _not_finite(node: Any, key: str) -> tuple[str, float] | None:
+    """The first key (and value) below `node` holding NaN or an infinity, if any."""
+    if isinstance(node, float):
+        return None if math.isfinite(node) else (key, node)
+    if dataclasses.is_dataclass(node):
+        children = [(f"{key}.{f.name}".lstrip("."), getattr(node, f.name)) for f in dataclasses.fields(node)]
+    elif isinstance(node, dict):
+        children = [(f"{key}.{k}", v) for k, v in node.items()]
+    elif isinstance(node, (list, tuple)):
+        children = [(key, v) for v in node]
+    else:
+        return None
+    return next((bad for k, v in children if (bad := _not_finite(v, k))), None)
+
+
 def _check(cfg: Config) -> None:
     """Reject values of the right type that cannot work."""
     t, d = cfg.train, cfg.decode
+    if bad := _not_finite(cfg, ""):
+        raise UserError(f"{bad[0]} must be a finite number, got {bad[1]}")
     for ok, message in _rules(cfg):
         if not ok:
             raise UserError(message)
@@ -416,13 +437,29 @@ def config_from_dict(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]
     return cfg
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (YAML would keep the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, typing.Hashable):
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        problem=f"key {key!r} given twice", problem_mark=key_node.start_mark
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a YAML config, apply `section.key=value` overrides, validate."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"config file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""

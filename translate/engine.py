@@ -175,6 +175,11 @@ class Engine:
             CLI_NAMES, spec.nbest, beam_size=spec.beam_size, length_penalty=spec.length_penalty,
             max_len_a=spec.max_len_a, max_len_b=spec.max_len_b,
         )  # fmt: skip
+        vocab_size = min(m.vocab_size for m in models)
+        if defaults.beam_size > vocab_size:
+            raise UserError(
+                f"{CLI_NAMES['beam_size']} must be at most the vocabulary's {vocab_size} pieces, got {defaults.beam_size}"
+            )
         batch_tokens = cfg.decode.batch_tokens if spec.batch_tokens is None else spec.batch_tokens
         at_least(batch_tokens, 1, CLI_NAMES["batch_tokens"])
         return cls(

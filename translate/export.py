@@ -63,11 +63,18 @@ def check_request(to: str, quantize: str | None) -> None:
         )
 
 
-def check_output_dir(out_dir: Path, force: bool) -> None:
+def check_output_dir(out_dir: Path, force: bool, checkpoint: str | Path) -> None:
+    """The directory can be written (its parent made if need be) and replaced without losing the
+    checkpoint or, unless `force`, anything else."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"output {out_dir} exists and is not a directory")
+    if Path(checkpoint).resolve().is_relative_to(out_dir.resolve()):
+        raise UserError(f"output directory {out_dir} holds the checkpoint {checkpoint}; choose another directory")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
         raise UserError(f"output directory {out_dir} exists and is not empty; choose another or pass --force")
+    parent = next((p for p in out_dir.absolute().parents if p.exists()), None)
+    if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"output directory {out_dir}: directory not writable: {parent}")
 
 
 def export(
@@ -78,7 +85,7 @@ def export(
     `force`, the directory that was there as it was)."""
     out_dir = Path(out_dir)
     check_request(to, quantize)
-    check_output_dir(out_dir, force)
+    check_output_dir(out_dir, force, checkpoint)
     ckpt = load_checkpoint(checkpoint)
     cfg = checkpoint_config(ckpt)
     if to == "huggingface" and cfg.model.norm != "post":

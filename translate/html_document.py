@@ -45,6 +45,9 @@ class _Events(HTMLParser):
         self.events: list[tuple[str, str | None, list, int]] = []
         self.line_starts = [0] + [m.end() for m in re.finditer("\n", text)]
         self.feed(text)
+        if self.rawdata.startswith("<"):  # a tag or comment the document leaves open at its end: copied, as
+            self._add("decl")  # a browser drops it (close() would hand it over as text to translate)
+            self.rawdata = ""
         self.close()
 
     def _add(self, kind: str, tag: str | None = None, attrs: list | None = None) -> None:

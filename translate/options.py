@@ -14,7 +14,9 @@ from translate.errors import UserError
 
 
 def at_least(value: float, low: float, name: str) -> None:
-    """A UserError unless value >= low."""
+    """A UserError unless value is a finite number >= low (NaN and infinity are refused)."""
+    if not math.isfinite(value):
+        raise UserError(f"{name} must be a finite number, got {value}")
     if value < low:
         raise UserError(f"{name} must be at least {low}, got {value}")
 
@@ -35,6 +37,7 @@ class SearchOptions:
         """self, or a UserError naming the first bad value as names[field] (default: the field)."""
         name = (names or {}).get
         at_least(self.beam_size, 1, name("beam_size", "beam_size"))
+        at_least(self.length_penalty, 0, name("length_penalty", "length_penalty"))
         at_least(self.max_len_a, 0, name("max_len_a", "max_len_a"))
         at_least(self.max_len_b, 0, name("max_len_b", "max_len_b"))
         if not 1 <= self.nbest <= self.beam_size:

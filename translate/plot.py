@@ -196,7 +196,11 @@ def event_dir(run: str | Path) -> Path:
     """The TensorBoard directory of a run: RUN_DIR/NAME/tb, or the given directory itself."""
     run = Path(run)
     if not run.is_dir():
-        raise UserError(f"run directory not found: {run}")
+        raise UserError(
+            f"{run} is not a directory (give a run directory, RUN_DIR/NAME)"
+            if run.exists()
+            else f"run directory not found: {run}"
+        )
     path = run / "tb" if (run / "tb").is_dir() else run
     if not any(path.glob("events.out.tfevents.*")):
         raise UserError(f"no TensorBoard event files in {path} (expected RUN_DIR/NAME/tb/events.out.tfevents.*)")

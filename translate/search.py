@@ -43,6 +43,7 @@ from translate.tokenizer import BOS, EOS, PAD
 NEG_INF = float("-inf")
 COMPACT_SHARE = 0.25  # greedy: drop finished rows from the batch once this share of its rows has finished
 ENCODE_ROWS = 64  # the encoder runs over groups of this many sentences of similar length
+MAX_OUTPUT_FACTOR = 4  # no output longer than 4x the models' positions, whatever --max-len-a/b say
 
 
 @dataclass
@@ -103,6 +104,13 @@ class Ensemble:
             raise ValueError("an ensemble needs at least one model")
         self.use_cache = use_cache
         self.states: list[Any] = []
+
+    @property
+    def max_output(self) -> int | None:
+        """The longest output the models are asked for, if they say: MAX_OUTPUT_FACTOR times the
+        fewest positions (their sources are cut to these; outputs may pass them, within reason)."""
+        known = [m.cfg.max_positions for m in self.models if hasattr(getattr(m, "cfg", None), "max_positions")]
+        return MAX_OUTPUT_FACTOR * min(known) if known else None
 
     def start(self, src: torch.Tensor) -> None:
         """Encode src (B, S) once per model; the states get one row per sentence."""
@@ -171,10 +179,12 @@ def normalize(log_probs: torch.Tensor, lengths: torch.Tensor | int, alpha: float
     return log_probs / gnmt_length_penalty(lengths, alpha).to(log_probs.device)
 
 
-def max_output_lengths(src: torch.Tensor, max_len_a: float, max_len_b: float) -> torch.Tensor:
-    """src (B, S) -> (B,) int(a * src_len + b), at least 1; src_len counts pieces (no PAD, no EOS)."""
+def max_output_lengths(src: torch.Tensor, max_len_a: float, max_len_b: float, limit: int | None = None) -> torch.Tensor:
+    """src (B, S) -> (B,) int(a * src_len + b), at least 1 and at most `limit` (Ensemble.max_output);
+    src_len counts pieces (no PAD, no EOS)."""
     src_len = ((src != PAD) & (src != EOS)).sum(dim=1).double()
-    return (max_len_a * src_len + max_len_b).long().clamp(min=1)
+    lengths = (max_len_a * src_len + max_len_b).clamp(max=limit if limit is not None else float("inf"))
+    return lengths.long().clamp(min=1)
 
 
 def top_candidates(scores: torch.Tensor, logp: torch.Tensor, ids: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
@@ -302,7 +312,7 @@ def greedy_search(
         return []
     ensemble = Ensemble(models, use_cache)
     ensemble.start(src)
-    max_lens = max_output_lengths(src, max_len_a, max_len_b).to(src.device)
+    max_lens = max_output_lengths(src, max_len_a, max_len_b, ensemble.max_output).to(src.device)
     ids = torch.arange(B, device=src.device)  # original sentence of each row
     alive = torch.ones(B, dtype=torch.bool, device=src.device)  # rows still searching
     tokens = src.new_full((B,), BOS)
@@ -352,8 +362,9 @@ def beam_search(
     o = options.check()
     if o.beam_size == 1:
         return [[h] for h in greedy_search(models, src, o.max_len_a, o.max_len_b, o.length_penalty, use_cache)]
-    max_lens = max_output_lengths(src, o.max_len_a, o.max_len_b).to(src.device)
-    return beam_search_loop(Ensemble(models, use_cache), src, o.beam_size, o.length_penalty, max_lens, o.nbest)
+    ensemble = Ensemble(models, use_cache)
+    max_lens = max_output_lengths(src, o.max_len_a, o.max_len_b, ensemble.max_output).to(src.device)
+    return beam_search_loop(ensemble, src, o.beam_size, o.length_penalty, max_lens, o.nbest)
 
 
 @torch.inference_mode()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import signal
 import socket
 import time
@@ -82,6 +83,10 @@ def parse_request(body: bytes, defaults: SearchOptions, limits: ServingLimits) -
         raise RequestError(400, f"the body is not valid JSON: {e}") from None
     if not isinstance(request, dict):
         raise RequestError(400, f'the body must be a JSON object such as {{"text": "Hello."}}, not {_kind(request)}')
+    try:  # JSON lets a string hold half of a UTF-16 pair (\ud800): not text, and no answer could hold it
+        json.dumps(request, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise RequestError(400, "the body holds a lone surrogate (\\ud800-\\udfff escape), which is not text") from None
     if unknown := [key for key in request if key not in FIELDS]:
         raise RequestError(400, f"unknown field {unknown[0]!r} (known: {', '.join(FIELDS)})")
     if ("text" in request) == ("texts" in request):
@@ -103,8 +108,12 @@ def parse_request(body: bytes, defaults: SearchOptions, limits: ServingLimits) -
             400, f'"beam_size" must be an integer from 1 to {limits.max_beam}, got {json.dumps(beam_size)}'
         )
     length_penalty = request.get("length_penalty", defaults.length_penalty)
-    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or not length_penalty >= 0:
-        raise RequestError(400, f'"length_penalty" must be a number >= 0, got {json.dumps(length_penalty)}')
+    if (
+        isinstance(length_penalty, bool)
+        or not isinstance(length_penalty, (int, float))
+        or not 0 <= length_penalty < math.inf
+    ):
+        raise RequestError(400, f'"length_penalty" must be a finite number >= 0, got {json.dumps(length_penalty)}')
     nbest = request.get("nbest", 1)
     if not _is_int(nbest) or not 1 <= nbest <= beam_size:
         raise RequestError(
@@ -121,7 +130,7 @@ def parse_request(body: bytes, defaults: SearchOptions, limits: ServingLimits) -
         raise RequestError(400, f'"split" must be true or false, got {json.dumps(split)}')
     if format != "text" and nbest > 1:
         raise RequestError(400, f'"nbest" above 1 gives a list per sentence: not with "format": "{format}"')
-    return TranslateRequest(texts, single, search, "nbest" in request, format, split, glossary)
+    return TranslateRequest(texts, single, search, "nbest" in request and format == "text", format, split, glossary)
 
 
 def _is_int(value: object) -> bool:
@@ -234,6 +243,8 @@ def create_app(engine: TranslationEngine, limits: ServingLimits, *, log_text: bo
 
 def listen(host: str, port: int) -> socket.socket:
     """A listening TCP socket on host:port (port 0: any free port); UserError if it cannot be had."""
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port must be from 0 to 65535 (0: any free port), got {port}")
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         sock = socket.create_server((host, port), family=family, backlog=1024)

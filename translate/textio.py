@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -110,6 +111,8 @@ def check_output_path(path: str | Path, what: str, inputs: Iterable[str | Path |
         raise UserError(f"{what} {path}: directory not writable: {path.parent}")
     if path.exists() and any(p is not None and Path(p).exists() and path.samefile(p) for p in inputs):
         raise UserError(f"{what} {path} is one of the input files; choose another file")
+    if path.exists() and (not os.access(path, os.W_OK) or not path.stat().st_mode & 0o222):  # root too
+        raise UserError(f"{what} {path} is read-only; make it writable or choose another file")
     return path
 
 
@@ -134,17 +137,21 @@ UMASK = _read_umask()  # the permissions atomic_write gives a new file: 0o666 & 
 @contextmanager
 def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
     """A file object for `path` that lands there only if the block succeeds: it writes a temporary
-    file in the same directory, fsyncs it, gives it the permissions a new file would get (the
-    umask's), and renames it over `path`; on any error the temporary file is removed and the
-    file that was at `path` is left as it was."""
+    file in the same directory, fsyncs it, gives it the permissions of the file it replaces (a new
+    file: the umask's), and renames it over `path`; on any error the temporary file is removed and
+    the file that was at `path` is left as it was."""
     path = Path(path)
+    try:
+        permissions = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:  # no file there yet (or none we can see): a new file's
+        permissions = 0o666 & ~UMASK
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": "\n"})) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~UMASK)
+        os.chmod(tmp, permissions)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -91,7 +91,7 @@ def decode_file(
     if str(input) != "-" and str(output) != "-" and Path(input).resolve() == Path(output).resolve():
         raise UserError(f"--output {output} is the input file; choose another file")
     if str(output) != "-":
-        check_output_path(output, "--output", spec.checkpoints)
+        check_output_path(output, "--output", [*spec.checkpoints, spec.glossary])
     if format != "text":
         return decode_document(spec, input, output, format)
     lines = read_lines(input)
@@ -187,9 +187,15 @@ def evaluate_files(
     from translate.evaluate import format_scores, score
     from translate.report import build_report, write_report
 
-    for option, path in (("--report", report), ("--output", output), ("--json", json_out)):
-        if path is not None:
-            check_output_path(path, option, [ref, src, hyp, hyp_b, *checkpoints])
+    if hyp is not None and output is not None:
+        raise UserError("--output writes the translation of --src; with --hyp there is nothing to translate")
+    named = (("--report", report), ("--output", output), ("--json", json_out))
+    outputs = [(option, Path(path)) for option, path in named if path is not None]
+    for i, (option, path) in enumerate(outputs):
+        check_output_path(path, option, [ref, src, hyp, hyp_b, *checkpoints, spec.glossary])
+        for other, earlier in outputs[:i]:
+            if path.resolve() == earlier.resolve():
+                raise UserError(f"{other} and {option} are the same file {path}; give each its own")
     references, sources, hypotheses, hypotheses_b = _evaluation_inputs(ref, checkpoints, src, hyp, hyp_b)
     if hypotheses is None:
         hypotheses = translate_file_lines(spec, sources, output=output, split=split)  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ info` shows them).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -25,6 +26,7 @@ from translate.checkpoint import atomic_save, link, load_checkpoint
 from translate.engine import Engine, EngineSpec
 from translate.errors import UserError
 from translate.evaluate import score
+from translate.textio import check_output_path
 from translate.translator import CHUNK_LINES, translate_texts
 
 log = logging.getLogger("translate")
@@ -52,8 +54,9 @@ def check_grid(grid: Sequence[float], name: str) -> list[float]:
     values = sorted(set(float(a) for a in grid))
     if not values:
         raise UserError(f"{name} needs at least one length penalty")
-    if values[0] < 0:
-        raise UserError(f"{name}: a length penalty must be >= 0, got {values[0]:g}")
+    for alpha in values:
+        if not (alpha >= 0 and math.isfinite(alpha)):  # NaN fails both comparisons, so check each value
+            raise UserError(f"{name}: a length penalty must be >= 0, got {alpha:g}")
     return values
 
 
@@ -132,6 +135,8 @@ def tune_checkpoint(
     ):
         log.info(f"{path}: length penalty {float(kept['chosen'])} already chosen on these pairs; not searched again")
         return None, []
+    if write:  # before the search, not after it
+        check_output_path(path, "checkpoint")
     engine = Engine.load(
         replace(spec, checkpoints=[path], beam_size=None, length_penalty=None) if spec else EngineSpec([path])
     )
