@@ -49,6 +49,22 @@ def test_init_from_on_the_command_line_is_recorded_and_shown(trained_run, tmp_pa
     assert f"initialised from: {source.resolve()} (step {load_checkpoint(source)['step']})" in info
 
 
+def test_resume_of_an_adapted_run_needs_no_longer_the_checkpoint_it_came_from(trained_run, tmp_path):
+    """The run has its own weights (last.pt) and vocabulary (spm.model): the source may be moved."""
+    run, _ = trained_run
+    source = tmp_path / "source.pt"
+    source.write_bytes((run / "checkpoints" / "last.pt").read_bytes())
+    config = tiny_config(tmp_path, name="adapted", max_steps=2, eval_every=2, save_every=2)
+    run_cli("train", "--config", config, "--init-from", source)
+    adapted = tmp_path / "runs" / "adapted"
+    data = {p.name: p.read_bytes() for p in [adapted / "spm.model", *sorted((adapted / "data").glob("*.npy"))]}
+    source.unlink()
+    run_cli("train", "--config", adapted / "config.yaml", "--resume", "--set", "train.max_steps=4")
+    ckpt = load_checkpoint(adapted / "checkpoints" / "last.pt")
+    assert ckpt["step"] == 4 and ckpt["init_from"]["path"] == str(source.resolve())
+    assert {p.name: p.read_bytes() for p in [adapted / "spm.model", *sorted((adapted / "data").glob("*.npy"))]} == data
+
+
 def test_init_from_refusals(trained_run, tmp_path):
     run, _ = trained_run
     source = run / "checkpoints" / "last.pt"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -195,6 +196,11 @@ def test_command_line_usage_mistakes_are_one_line(cli, args, names):
 def test_vocab_larger_than_the_corpus_allows(cli, files):
     code, _, err = cli("prepare", "--config", files.config, "--set", "vocab.size=50000")
     assert_one_error(code, err, "vocab.size 50000 is too large", "at most", logs=True)
+
+
+def test_vocab_smaller_than_the_corpus_characters(cli, files):
+    code, _, err = cli("prepare", "--config", files.config, "--set", "vocab.size=8")
+    assert_one_error(code, err, "vocab.size 8 is too small", "pieces; raise vocab.size", logs=True)
 
 
 # ---------------------------------------------------------------------------- data
@@ -535,7 +541,11 @@ def test_train_into_a_used_run(cli, run_copy):
     with open(copy / ".lock", "w") as held:  # another training holds the run
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         code, _, err = cli("train", *options, "--resume")
-    assert_one_error(code, err, "in use by another training", ".lock")
+        assert_one_error(code, err, "in use by another training", ".lock")
+        data = snapshot(copy / "data", copy / "spm.model")
+        code, _, err = cli("prepare", *options, "--force")  # would replace the data the training reads
+        assert_one_error(code, err, "in use by another training", ".lock")
+        assert not changed(data)
     assert not changed(before)
 
 
@@ -545,6 +555,21 @@ def test_resume_with_other_data_settings_changes_nothing(cli, run_copy):
     before = snapshot(copy / "checkpoints", copy / "data", copy / "spm.model", copy / "config.yaml")
     code, _, err = cli("train", *options, "--set", "vocab.size=200", "--resume")
     assert_one_error(code, err, "cannot resume", "vocab.size", "last.pt")
+    assert not changed(before)
+
+
+def test_resume_after_the_source_files_changed_changes_nothing(cli, run_copy):
+    """Refused before the data would be prepared again from the changed files (a new vocabulary and
+    a new draw of the valid and test pairs would replace the run's)."""
+    copy, options = run_copy
+    meta_path = copy / "data" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    source = sorted(meta["sources"])[0]
+    meta["sources"][source] += 1  # as if the file had grown since
+    meta_path.write_text(json.dumps(meta))
+    before = snapshot(copy / "checkpoints", copy / "data", copy / "spm.model", copy / "config.yaml")
+    code, _, err = cli("train", *options, "--resume")
+    assert_one_error(code, err, "cannot resume", source, "gone or changed", "--set name=")
     assert not changed(before)
 
 

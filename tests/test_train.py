@@ -345,6 +345,10 @@ def test_average_of_identical_checkpoints_is_identity(trained_run, tmp_path):
         torch.testing.assert_close(a[k], b[k])
     model, tokenizer, _ = load_model(avg)
     assert tokenizer.vocab_size == model.vocab_size
+    step_4 = sorted((run / "checkpoints").glob("step_*.pt"))[0]
+    run_cli("average", last, step_4, "-o", avg)  # the newest first: the average says its step, no input's scores
+    averaged, newest = load_checkpoint(avg), load_checkpoint(last)
+    assert averaged["step"] == newest["step"] > load_checkpoint(step_4)["step"] and "metrics" not in averaged
 
 
 def test_checkpoint_format_and_foreign_files_are_refused(trained_run, tmp_path, monkeypatch, capsys):

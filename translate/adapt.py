@@ -54,6 +54,9 @@ def init_vocabulary(cfg: Config) -> bytes | None:
     if not cfg.train.init_from:
         return None
     path = Path(cfg.train.init_from).expanduser()
+    own = cfg.run_path / "spm.model"
+    if not path.exists() and own.is_file() and (cfg.run_path / "checkpoints" / "last.pt").is_file():
+        return own.read_bytes()  # a run adapted from a checkpoint since moved goes on with the copy it made
     if not path.is_file():
         load_checkpoint(path)  # the one-line error for a missing path or a directory
     stat = path.stat()

@@ -196,8 +196,11 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
         raise UserError("no checkpoints to average")
     first = load_checkpoint(paths[0])
     total = {k: v.double() for k, v in first["model"].items()}
+    newest = {k: first[k] for k in ("step", "epoch") if k in first}
     for path in paths[1:]:
         ckpt = load_checkpoint(path)
+        if (ckpt.get("step") or 0) > (newest.get("step") or 0):
+            newest = {k: ckpt[k] for k in ("step", "epoch") if k in ckpt}
         if ckpt["spm_model"] != first["spm_model"] or ckpt["model"].keys() != total.keys():
             raise UserError(f"{path}: another model or vocabulary than {paths[0]}; only checkpoints of one run average")
         for k, v in ckpt["model"].items():
@@ -207,7 +210,8 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
                 )
             total[k] += v.double()
     model = {k: (v / len(paths)).to(first["model"][k].dtype) for k, v in total.items()}
-    keep = ("format", "versions", "config", "vocab_size", "spm_model", "step", "epoch", "metrics")
+    keep = ("format", "versions", "config", "vocab_size", "spm_model")
     averaged = {k: first[k] for k in keep if k in first}
+    averaged.update(newest)  # the newest input's step and epoch; no scores: an input's are not the average's
     averaged.update(model=model, averaged_from=[str(p) for p in paths], versions=versions())
     return averaged

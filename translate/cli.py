@@ -174,10 +174,15 @@ def prepare(
 ) -> None:
     """Fetch, clean and split the corpus, train SentencePiece, encode every split to ids."""
     from translate.prepare import prepare as run_prepare
+    from translate.rundir import RunLock
 
     cfg = _load_cfg(config, set_)
     _log_to_file(cfg.run_path / "prepare.log")
-    data_dir = run_prepare(cfg, force=force)
+    lock = RunLock(cfg.run_path)  # a training of this run reads the data that preparing would replace
+    try:
+        data_dir = run_prepare(cfg, force=force)
+    finally:
+        lock.release()
     typer.echo(f"prepared data in {data_dir}, vocabulary {cfg.run_path / 'spm.model'}")
 
 

@@ -157,12 +157,36 @@ def fingerprint(cfg: Config) -> str:
         raw["placeholder_pairs"] = "added"
     if cfg.train.init_from:  # the vocabulary is the checkpoint's, whatever the vocab section says
         raw["vocab"] = vocabulary_hash(cfg)
-    for key in ("train", "valid", "test", "dataset", "bible_db"):
-        value = raw["data"].get(key)
-        if value:
-            files = [Path(value), *Path(value).parent.glob(Path(value).name + ".*")] if value else []
-            raw[f"{key}_files"] = sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files if p.is_file())
+    for key, files in source_files(cfg).items():
+        raw[f"{key}_files"] = sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
     return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def source_files(cfg: Config) -> dict[str, list[Path]]:
+    """The files each data key given reads (data.train: PREFIX.en and PREFIX.fr, or the .tsv ...)."""
+    found = {}
+    for key in ("train", "valid", "test", "dataset", "bible_db"):
+        value = getattr(cfg.data, key)
+        if value:
+            files = [Path(value), *Path(value).parent.glob(Path(value).name + ".*")]
+            found[key] = [p for p in files if p.is_file()]
+    return found
+
+
+def source_sizes(cfg: Config) -> dict[str, int]:
+    """Each source file's size in bytes, by path."""
+    return {str(p): p.stat().st_size for files in source_files(cfg).values() for p in files}
+
+
+def changed_sources(cfg: Config) -> list[str]:
+    """The source files that are gone, new or of another size since the run's data was prepared from
+    them (nothing where the data was prepared by a version that did not record them)."""
+    meta = cfg.run_path / "data" / "meta.json"
+    then = json.loads(meta.read_text()).get("sources") if meta.is_file() else None
+    if then is None:
+        return []
+    now = source_sizes(cfg)
+    return sorted(path for path in then.keys() | now.keys() if then.get(path) != now.get(path))
 
 
 def is_prepared(cfg: Config) -> bool:
@@ -387,7 +411,12 @@ def prepare(cfg: Config, force: bool = False) -> Path:
     workers = min(os.cpu_count() or 1, 8) if cfg.data.num_workers is None else cfg.data.num_workers
     log.info(f"encoding with {workers or 'no'} worker processes")
     stats = {split: _encode_split(cfg, tok, data_dir, split, sizes[split], workers) for split in SPLITS}
-    meta = {"fingerprint": fingerprint(cfg), "vocab_size": tok.vocab_size, "splits": stats}
+    meta = {
+        "fingerprint": fingerprint(cfg),
+        "sources": source_sizes(cfg),
+        "vocab_size": tok.vocab_size,
+        "splits": stats,
+    }
     meta_path.write_text(json.dumps(meta, indent=2))
     for split, s in stats.items():
         log.info(f"{split}: {s['pairs']:,} pairs, {s['src_tokens']:,} source and {s['tgt_tokens']:,} target pieces")

@@ -13,6 +13,7 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from translate.checkpoint import load_checkpoint, step_checkpoints
 from translate.config import Config, agrees, config_to_dict
 from translate.errors import UserError
+from translate.prepare import changed_sources
 
 
 class RunLock:
@@ -46,6 +47,12 @@ def check_run_dir(cfg: Config, resume: bool) -> dict[str, Any] | None:
         return None
     ckpt = load_checkpoint(last)
     check_same_setup(cfg, ckpt)
+    if changed := changed_sources(cfg):
+        raise UserError(
+            f"cannot resume: {changed[0]} is gone or changed since {run / 'data'} was prepared from it"
+            f"{f' (and {len(changed) - 1} more)' if len(changed) > 1 else ''}; the checkpoints were trained on "
+            "the data as it was: put the files back, or train a new run on them (--set name=...)"
+        )
     return ckpt
 
 

@@ -76,6 +76,12 @@ class Tokenizer:
                 raise UserError(
                     f"vocab.size {vocab_size} is too large for this corpus: set it to at most {limit.group(1)}"
                 ) from None
+            required = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(e))
+            if required:  # the pieces must hold every character kept, and the special and placeholder pieces
+                raise UserError(
+                    f"vocab.size {vocab_size} is too small for this corpus: its characters alone need "
+                    f"{required.group(1)} pieces; raise vocab.size"
+                ) from None
             raise
         return cls(model.getvalue())
 

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -105,8 +106,15 @@ class PlannedUpdate:
 
 class Trainer:
     def __init__(self, cfg: Config, resume: bool) -> None:
-        init = load_init(cfg) if cfg.train.init_from else None  # refused before anything is written
-        cfg = adapted_config(cfg, init) if init else cfg
+        init = None
+        last = cfg.run_path / "checkpoints" / "last.pt"
+        if cfg.train.init_from and resume and last.is_file() and not Path(cfg.train.init_from).expanduser().exists():
+            cfg = adapted_config(
+                cfg, load_checkpoint(last)
+            )  # adapted from a checkpoint since moved: last.pt has it all
+        elif cfg.train.init_from:
+            init = load_init(cfg)  # refused before anything is written
+            cfg = adapted_config(cfg, init)
         self.init_from = init_record(cfg, init) if init else None
         self.cfg, self.run = cfg, cfg.run_path
         self.ckpt_dir = self.run / "checkpoints"
