@@ -12,7 +12,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import typer
 
@@ -33,6 +33,13 @@ app = typer.Typer(
 log = logging.getLogger("translate")
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Experiment YAML (or a run dir holding config.yaml).")]
+
+
+def flag(*names: str, help: str) -> Any:
+    """A boolean option (a flag): its help shows no value to give it (typer would show <bool>)."""
+    return typer.Option(*names, help=help, metavar="")
+
+
 SetOpt = Annotated[
     Optional[list[str]], typer.Option("--set", "-s", help="Override a config key: section.key=value (repeatable).")
 ]
@@ -86,7 +93,7 @@ QuantizeOpt = Annotated[
 ]
 ProtectOpt = Annotated[
     bool,
-    typer.Option(
+    flag(
         "--protect/--no-protect",
         help="Copy placeholders, tags, URLs, paths and numbers verbatim (the checkpoint's decode.protect classes).",
     ),
@@ -103,10 +110,8 @@ SPLIT_HELP = (
     "Translate each sentence of a line apart and join them (a line may be a paragraph); "
     "one-sentence lines are translated as they are."
 )
-SplitOpt = Annotated[
-    bool, typer.Option("--split/--no-split", help=SPLIT_HELP + " --nbest and --scores take whole lines.")
-]
-EvalSplitOpt = Annotated[bool, typer.Option("--split/--no-split", help=SPLIT_HELP)]
+SplitOpt = Annotated[bool, flag("--split/--no-split", help=SPLIT_HELP + " --nbest and --scores take whole lines.")]
+EvalSplitOpt = Annotated[bool, flag("--split/--no-split", help=SPLIT_HELP)]
 
 
 class _TqdmHandler(logging.Handler):
@@ -168,9 +173,7 @@ def _keep_freed_memory() -> None:
 def prepare(
     config: ConfigOpt,
     set_: SetOpt = None,
-    force: Annotated[
-        bool, typer.Option("--force", help="Rebuild even if the prepared data matches the config.")
-    ] = False,
+    force: Annotated[bool, flag("--force", help="Rebuild even if the prepared data matches the config.")] = False,
 ) -> None:
     """Fetch, clean and split the corpus, train SentencePiece, encode every split to ids."""
     from translate.prepare import prepare as run_prepare
@@ -226,7 +229,7 @@ def train(
     config: ConfigOpt,
     set_: SetOpt = None,
     resume: Annotated[
-        bool, typer.Option("--resume", help="Continue the run from its checkpoints/last.pt (none yet: start it).")
+        bool, flag("--resume", help="Continue the run from its checkpoints/last.pt (none yet: start it).")
     ] = False,
     init_from: Annotated[
         Optional[Path],
@@ -275,7 +278,7 @@ def decode(
     beam: BeamOpt = None,
     lenpen: LenpenOpt = None,
     nbest: Annotated[int, typer.Option("--nbest", help="Write the K best translations of each line.")] = 1,
-    scores: Annotated[bool, typer.Option("--scores", help="Write index<TAB>score<TAB>text (TSV).")] = False,
+    scores: Annotated[bool, flag("--scores", help="Write index<TAB>score<TAB>text (TSV).")] = False,
     batch_tokens: BatchOpt = None,
     workers: WorkersOpt = 0,
     max_len_a: Annotated[
@@ -383,7 +386,7 @@ def serve(
     max_request_bytes: Annotated[
         int, typer.Option("--max-request-bytes", help="Body size; past it: 413.")
     ] = ServingLimits.max_request_bytes,
-    log_text: Annotated[bool, typer.Option("--log-text", help="Also log each request's sentences.")] = False,
+    log_text: Annotated[bool, flag("--log-text", help="Also log each request's sentences.")] = False,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     quantize: QuantizeOpt = None,
@@ -452,7 +455,7 @@ def tune(
         ),
     ] = None,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the scores and the choice; leave the checkpoint as it is.")
+        bool, flag("--dry-run", help="Print the scores and the choice; leave the checkpoint as it is.")
     ] = False,
     batch_tokens: BatchOpt = None,
     workers: WorkersOpt = 0,
@@ -489,7 +492,7 @@ def attention(
         int, typer.Option("--layer", help="Layer (0-based; -1 = last): decoder, or encoder with --self encoder.")
     ] = -1,
     head: Annotated[Optional[int], typer.Option("--head", help="Attention head (default: mean of all heads).")] = None,
-    all_heads: Annotated[bool, typer.Option("--all-heads", help="A grid with every head of the layer.")] = False,
+    all_heads: Annotated[bool, flag("--all-heads", help="A grid with every head of the layer.")] = False,
     self_attention: Annotated[
         Optional[Literal["encoder", "decoder"]],
         typer.Option(
@@ -539,7 +542,7 @@ def export(
             "| float32 (the default).",
         ),
     ] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace OUT_DIR if it is not empty.")] = False,
+    force: Annotated[bool, flag("--force", help="Replace OUT_DIR if it is not empty.")] = False,
 ) -> None:
     """Write the model for another engine: a CTranslate2 or Hugging Face directory with a README on how to load it.
 
