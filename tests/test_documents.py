@@ -138,6 +138,11 @@ def test_html_left_open_at_the_end_is_copied_not_translated(tail):
     assert translate_html("<p>Go home.</p>" + tail, protected(upper, CLASSES)) == "<p>GO HOME.</p>" + tail
 
 
+def test_html_entities_come_back_in_the_first_spelling_of_each_character():
+    out = translate_html("<p>&copy; 2024 &#169; &#x00A9;, a&nbsp;b &lt;c&gt;</p>", protected(upper, CLASSES))
+    assert out == "<p>&copy; 2024 &copy; &copy;, A&nbsp;B &lt;c&gt;</p>"  # <c> is a protected tag
+
+
 def test_html_escapes_the_translation():
     out = translate_html('<p title="x">a</p>', protected(lambda b: ['Tom & "Jerry" <3'] * len(b), CLASSES))
     assert out == '<p title="Tom &amp; &quot;Jerry&quot; &lt;3">Tom &amp; "Jerry" &lt;3</p>'

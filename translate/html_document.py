@@ -105,7 +105,7 @@ class _Document:
     def add_text(self, raw: str) -> None:
         decoded = html.unescape(raw)
         if raw.startswith("&") and len(decoded) == 1 and decoded != raw:
-            self.entities[decoded] = raw
+            self.entities.setdefault(decoded, raw)  # the first spelling of a character wins
         self.block.append(decoded)
 
     def add_inline(self, parts: list[object]) -> None:
