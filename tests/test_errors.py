@@ -198,6 +198,12 @@ def test_vocab_larger_than_the_corpus_allows(cli, files):
     assert_one_error(code, err, "vocab.size 50000 is too large", "at most", logs=True)
 
 
+def test_a_glossary_the_config_names_is_read_before_training(cli, files):
+    code, _, err = cli("train", "--config", files.config, "--set", f"decode.glossary={files.dir / 'nope.tsv'}")
+    assert_one_error(code, err, "glossary file not found", "nope.tsv")
+    assert not [p for p in (files.dir / "runs").rglob("*") if p.name in ("data", "checkpoints", "spm.model")]
+
+
 def test_vocab_smaller_than_the_corpus_characters(cli, files):
     code, _, err = cli("prepare", "--config", files.config, "--set", "vocab.size=8")
     assert_one_error(code, err, "vocab.size 8 is too small", "pieces; raise vocab.size", logs=True)

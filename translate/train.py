@@ -59,6 +59,7 @@ from translate.config import Config, config_to_dict, parse_duration, save_config
 from translate.data import Batch, Prefetcher, collate, load_split
 from translate.distributed import World, init_process_group, wait_for, watch_launcher
 from translate.errors import UserError
+from translate.glossary import load_glossary
 from translate.hardware import (
     attention_kernels,
     by_precision,
@@ -106,6 +107,8 @@ class PlannedUpdate:
 
 class Trainer:
     def __init__(self, cfg: Config, resume: bool) -> None:
+        if cfg.decode.glossary:  # the checkpoints will name it: a missing or malformed file is refused now
+            load_glossary(cfg.decode.glossary)
         init = None
         last = cfg.run_path / "checkpoints" / "last.pt"
         if cfg.train.init_from and resume and last.is_file() and not Path(cfg.train.init_from).expanduser().exists():
