@@ -122,6 +122,8 @@ def test_at_most_max_placeholders_are_masked():
         ("a ⦅0⦆ b.", 2, "a ⦅0⦆ b ⦅1⦆.", True),  # missing one added before the final punctuation
         ("a ⦅7⦆ b", 1, "a b ⦅0⦆", True),  # a placeholder of no span dropped
         ("", 1, "⦅0⦆", True),
+        ("le roi ", 1, "le roi ⦅0⦆", True),  # no space left at the end
+        ("le roi !  ", 1, "le roi ⦅0⦆ !", True),
     ],
 )
 def test_repair(output, n, expected, changed):

@@ -183,7 +183,7 @@ def repair(output: str, n_spans: int) -> tuple[str, bool]:
     missing = [placeholder(i) for i in range(n_spans) if i not in seen]
     if missing:
         body, end = re.match(r"(.*?)([\s.!?:;…]*)$", text, re.S).groups()
-        text = " ".join([body, *missing]).strip() + end
+        text = " ".join([body, *missing]).strip() + end.rstrip()  # no space left at the end
     return text, text != output
 
 
@@ -237,8 +237,9 @@ class Protector:
             yield out
         if self.repaired:
             log.warning(
-                f"{self.repaired} of {self.lines} lines: the model did not place every protected span exactly once; "
-                "the missing ones were added at the end of the line (before its final punctuation), duplicates dropped"
+                f"{self.repaired} of {self.lines} translations (sentences, or lines with --no-split): the model did not "
+                "place every protected span exactly once; the missing ones were added at the end (before the final "
+                "punctuation), duplicates dropped"
             )
 
 
