@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from translate.config import Config, config_from_dict, config_to_dict, load_config, save_config
+from translate.config import Config, config_from_dict, config_to_dict, load_config, parse_duration, save_config
 from translate.errors import UserError
 
 CONFIGS = sorted(Path(__file__).parent.parent.glob("configs/*.yaml"))
@@ -106,3 +106,18 @@ def test_file_errors(tmp_path):
     listy.write_text("- a\n- b\n")
     with pytest.raises(UserError, match="mapping"):
         load_config(listy)
+
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [(90, 90), ("90", 90), ("1e3", 1000), ("90s", 90), ("50m", 3000), ("2min", 120), ("1.5h", 5400), ("1h30m", 5400),
+     (" 1h 30m ", 5400), ("1m30s", 90), (".5h", 1800)],
+)  # fmt: skip
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "abc", "h", "1h30", "30mm", "-5", "0", "inf", "nan", "1h-30m"])
+def test_bad_durations_name_the_key(text):
+    with pytest.raises(UserError, match="'train.max_time' expects a positive duration"):
+        parse_duration(text)

@@ -170,6 +170,11 @@ def test_files_bom_and_crlf(tmp_path: Path) -> None:
     (tmp_path / "c.tsv").write_bytes(b"\xef\xbb\xbfHello.\tBonjour.\r\nThe cat sleeps.\tLe chat dort.\r\n")
     assert list(files(str(tmp_path / "c"))["train"]) == TINY[:2]
     assert list(files(str(tmp_path / "c.tsv"))["train"]) == TINY[:2]
+    (tmp_path / "c.tsv").rename(tmp_path / "C.TSV")  # the extension in any case
+    assert list(files(str(tmp_path / "C.TSV"))["train"]) == TINY[:2]
+    (tmp_path / "d.en").mkdir()
+    with pytest.raises(UserError, match=r"data.train: .*d.en is a directory, not a text file"):
+        files(str(tmp_path / "d"))
 
 
 def write(path: Path, data: bytes) -> str:

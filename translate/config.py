@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -412,18 +413,22 @@ def _check(cfg: Config) -> None:
 _UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600}
 
 
+_DURATION_PART = r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(h|min|m|s)\s*"
+
+
 def parse_duration(text: str | float, key: str = "train.max_time") -> float:
-    """Seconds in a duration: a number of seconds, or a number with a unit s, m (min) or h."""
+    """Seconds in a duration: a number of seconds, or numbers with units h, m (min), s: 90s, 50m, 1.5h, 1h30m."""
     value = str(text).strip().lower()
-    unit = next((u for u in sorted(_UNITS, key=len, reverse=True) if value.endswith(u)), None)
-    number = value[: -len(unit)].strip() if unit else value
     try:
-        seconds = float(number) * _UNITS[unit or "s"]
+        seconds = float(value)  # a number alone: seconds
     except ValueError:
-        seconds = float("nan")
+        if re.fullmatch(f"(?:{_DURATION_PART})+", value):
+            seconds = sum(float(n) * _UNITS[unit] for n, unit in re.findall(_DURATION_PART, value))
+        else:
+            seconds = float("nan")
     if not seconds > 0 or seconds == float("inf"):
         raise UserError(
-            f"config key '{key}' expects a positive duration (seconds, or e.g. 90s, 50m, 1.5h), got {text!r}"
+            f"config key '{key}' expects a positive duration (seconds, or e.g. 90s, 50m, 1.5h, 1h30m), got {text!r}"
         )
     return seconds
 

@@ -209,9 +209,9 @@ def files_source(cfg: DataConfig) -> dict[str, Iterable[Pair] | None]:
             out[split] = None
             continue
         path = Path(spec).expanduser()
-        if path.suffix in (".tsv", ".jsonl"):
+        if path.suffix.lower() in (".tsv", ".jsonl"):  # corpus.TSV too
             _check_file(path, f"data.{split}")
-            reader = read_tsv if path.suffix == ".tsv" else read_jsonl
+            reader = read_tsv if path.suffix.lower() == ".tsv" else read_jsonl
             out[split] = Lazy(functools.partial(reader, path, cfg))
             log.info(f"files: {split} from {path}")
         else:
@@ -224,8 +224,10 @@ def files_source(cfg: DataConfig) -> dict[str, Iterable[Pair] | None]:
 
 
 def _check_file(path: Path, key: str) -> None:
+    if path.is_dir():
+        raise UserError(f"{key}: {path} is a directory, not a text file")
     if not path.is_file():
-        prefix = path.suffix not in (".tsv", ".jsonl")
+        prefix = path.suffix.lower() not in (".tsv", ".jsonl")
         hint = " (data.train/valid/test: a .tsv, a .jsonl, or PREFIX for PREFIX.<src_lang> + PREFIX.<tgt_lang>)"
         raise UserError(f"{key}: file not found: {path}{hint if prefix else ''}")
     if path.stat().st_size == 0:
