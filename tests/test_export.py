@@ -17,6 +17,7 @@ import importlib.util
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import FIXTURES, run_cli, tiny_config
+
+from translate.textio import UMASK
 
 pytestmark = pytest.mark.slow  # trains two models and loads two libraries: `make test-all` and CI run it
 
@@ -109,7 +112,7 @@ def ct2_translate(directory: Path, beam: int, **options) -> list[str]:
         sp.encode(LINES, out_type=str), beam_size=beam, length_penalty=0, max_decoding_length=MAX_LEN,
         min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]],  # ours may end at once (its default: 1)
     )  # fmt: skip
-    return [sp.decode(r.hypotheses[0]) for r in results]
+    return [sp.decode(r.hypotheses[0]).rstrip(" ") for r in results]  # as the README of the export says
 
 
 def test_the_models_translate(ours):
@@ -244,6 +247,8 @@ def test_export_dirs_hold_readme_and_vocabulary(exported, checkpoints):
         spm_files = ["sentencepiece.model"] if to == "ctranslate2" else ["source.spm", "target.spm", "vocab.json"]
         assert all((directory / f).is_file() for f in spm_files)
         assert not [p for p in directory.parent.iterdir() if p.name.startswith(".")]  # no temp dir left
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in directory.rglob("*") if p.is_file()}
+        assert set(modes.values()) == {0o666 & ~UMASK}, modes  # readable by whoever serves them, as new files are
 
 
 def error_line(*args) -> str:

@@ -118,3 +118,13 @@ def test_packed_linear_is_checked_against_f_linear(monkeypatch, model):
     finally:
         monkeypatch.undo()
         inference.can_pack_linear.cache_clear()
+
+
+def test_decoded_text_ends_in_no_space(tokenizer):
+    """A hypothesis that ends on the bare '▁' piece reads as the text before it (as Hugging Face's tokenizer does)."""
+    from translate.tokenizer import BOS, EOS
+
+    ids = tokenizer.encode(["the cat"])[0]
+    space = tokenizer.sp.piece_to_id("▁")
+    assert space != tokenizer.sp.unk_id()
+    assert tokenizer.decode([[BOS, *ids, space, EOS], ids]) == ["the cat", "the cat"]

@@ -185,6 +185,18 @@ def test_request_text_is_logged_only_when_asked(server):
     assert not any("secret" in line for line in server.lines)
 
 
+def test_a_refused_request_is_logged_with_its_size_not_a_count_of_zero(caplog):
+    client = client_of(StubEngine(), max_texts=2, max_request_bytes=200)
+    with caplog.at_level("INFO", logger="translate"):
+        client.post("/translate", content=b'{"texts": ["a", "b", "c"]}')
+        client.post("/translate", content=b'{"text": "' + b"a" * 300 + b'"}')
+    refused = [r.getMessage() for r in caplog.records if r.getMessage().startswith("POST /translate 413")]
+    assert [re.sub(r" [\d.]+ ms$", "", line) for line in refused] == [
+        "POST /translate 413 ? texts 26 bytes",
+        "POST /translate 413 ? texts 312 bytes",
+    ]
+
+
 def test_overload_answers_503_and_spares_the_queued_request(checkpoint, decoded):
     # a batching window far longer than the test: the first request stays queued until SIGTERM drains it
     server = Server(checkpoint, "--max-queue", "2", "--max-texts", "2", "--batch-window-ms", "600000", "--log-text")

@@ -107,6 +107,8 @@ def export(
         (tmp / "translate_config.yaml").write_text(yaml.safe_dump(ckpt["config"], sort_keys=False), encoding="utf-8")
         (tmp / "README.md").write_text(readme(to, out_dir, checkpoint, ckpt, cfg, quantize), encoding="utf-8")
         os.chmod(tmp, 0o777 & ~UMASK)
+        for path in tmp.rglob("*"):  # the permissions of new files (save_pretrained writes some for its owner only)
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~UMASK)
         replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -159,7 +161,7 @@ sp = spm.SentencePieceProcessor(model_file="{name}/{SPM_FILE}")
 translator = ctranslate2.Translator("{name}", device="cpu")  # compute_type="int8" for speed
 pieces = sp.encode(["In the beginning God created the heaven and the earth."], out_type=str)
 results = translator.translate_batch(pieces, beam_size={d.beam_size}, suppress_sequences=[["<pad>"], ["<s>"]])
-print(sp.decode(results[0].hypotheses[0]))
+print(sp.decode(results[0].hypotheses[0]).rstrip(" "))  # as translate decode: no space at the end
 ```
 
 The source's end token is added by CTranslate2. Its length penalty divides by len ** alpha

@@ -199,7 +199,8 @@ def create_app(engine: TranslationEngine, limits: ServingLimits, *, log_text: bo
     async def translate(request) -> JSONResponse:
         nonlocal answered
         start = time.perf_counter()
-        size, status, texts = 0, 200, []
+        status, texts = 200, []
+        size = request.headers.get("content-length", "?")  # a body refused unread: its announced size
         try:
             body = await read_body(request, limits.max_request_bytes)
             size = len(body)
@@ -217,7 +218,8 @@ def create_app(engine: TranslationEngine, limits: ServingLimits, *, log_text: bo
         else:
             response = JSONResponse(answer(translations, r.single, r.with_nbest))
             answered += 1
-        line = f"POST /translate {status} {len(texts)} texts {size} bytes {1000 * (time.perf_counter() - start):.1f} ms"
+        count = len(texts) if texts or status == 200 else "?"  # a request refused before its texts were read
+        line = f"POST /translate {status} {count} texts {size} bytes {1000 * (time.perf_counter() - start):.1f} ms"
         if log_text and texts:
             line += f" text={json.dumps(texts, ensure_ascii=False)}"
         log.info(line)
@@ -309,5 +311,5 @@ def run_until_stopped(app, engine: TranslationEngine, sock: socket.socket) -> in
         signal.signal(signal.SIGTERM, previous)
         sock.close()
     answered = app.state.answered()
-    log.info(f"stopped: answered {answered} requests")
+    log.info(f"stopped: answered {answered} request{'s' * (answered != 1)}")
     return answered

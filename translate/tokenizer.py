@@ -97,8 +97,11 @@ class Tokenizer:
         return self.sp.encode(texts, out_type=int)
 
     def decode(self, ids: list[list[int]]) -> list[str]:
-        """Piece ids -> detokenized text; PAD/BOS/EOS are dropped."""
-        return self.sp.decode([[i for i in seq if i not in (PAD, BOS, EOS)] for seq in ids])
+        """Piece ids -> detokenized text; PAD/BOS/EOS are dropped, and the space of a last bare '▁' piece
+        (no text ends in a space; Hugging Face's Marian tokenizer drops it too)."""
+        return [
+            text.rstrip(" ") for text in self.sp.decode([[i for i in seq if i not in (PAD, BOS, EOS)] for seq in ids])
+        ]
 
     def pieces(self, text: str) -> list[str]:
         return self.sp.encode(text, out_type=str)

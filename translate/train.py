@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import inspect
 import logging
 import signal
 import sys
@@ -100,6 +101,15 @@ class PlannedUpdate:
     batches: list[Batch]  # this rank's
     all_ntokens: int  # target tokens of every rank's batches (from their lengths: no collective)
     last: bool  # the last update of train.max_epochs
+
+
+# The model's only buffer (the position table) is alike on every rank: DDP need not send it with each
+# forward. torch 2.13 names that forward_sync_buffers (and warns of broadcast_buffers); earlier ones do not.
+NO_BUFFER_SYNC = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+    else {"broadcast_buffers": False}
+)
 
 
 # ---------------------------------------------------------------------------- the loop
@@ -202,7 +212,7 @@ class Trainer:
         self.net: torch.nn.Module = self.model
         if self.distributed:
             ids = [self.device.index] if self.device.type == "cuda" else None
-            self.net = DDP(self.model, device_ids=ids, broadcast_buffers=False)
+            self.net = DDP(self.model, device_ids=ids, **NO_BUFFER_SYNC)
         if cfg.train.compile:
             self.net = torch.compile(self.net)
 
