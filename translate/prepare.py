@@ -179,14 +179,14 @@ def source_sizes(cfg: Config) -> dict[str, int]:
 
 
 def changed_sources(cfg: Config) -> list[str]:
-    """The source files that are gone, new or of another size since the run's data was prepared from
-    them (nothing where the data was prepared by a version that did not record them)."""
+    """The source files that are gone or of another size since the run's data was prepared from them
+    (nothing where the data was prepared by a version that did not record them)."""
     meta = cfg.run_path / "data" / "meta.json"
     then = json.loads(meta.read_text()).get("sources") if meta.is_file() else None
     if then is None:
         return []
     now = source_sizes(cfg)
-    return sorted(path for path in then.keys() | now.keys() if then.get(path) != now.get(path))
+    return sorted(path for path in then if then[path] != now.get(path))
 
 
 def is_prepared(cfg: Config) -> bool:
