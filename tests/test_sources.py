@@ -249,6 +249,19 @@ def test_hub_flat_columns_and_single_dataset(tmp_path: Path) -> None:
     assert list(out["train"]) == TINY and out["valid"] is None and out["test"] is None
 
 
+def test_hub_columns_that_are_not_text_are_one_line(tmp_path: Path) -> None:
+    datasets.Dataset.from_dict({"translation": ["a", "b"]}).save_to_disk(str(tmp_path / "strings"))
+    with pytest.raises(UserError, match="'translation' holds values of string, not a text per language"):
+        hub(tmp_path / "strings")
+    datasets.Dataset.from_dict({"en": [1, 2], "fr": ["a", "b"]}).save_to_disk(str(tmp_path / "ints"))
+    with pytest.raises(UserError, match="'en' holds values of int64, not text"):
+        hub(tmp_path / "ints")
+    rows = {"translation": [{"en": "a", "fr": 1}]}
+    datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "nested"))
+    with pytest.raises(UserError, match="'translation.fr' holds values of int64, not text"):
+        hub(tmp_path / "nested")
+
+
 def test_hub_unknown_dataset_fails_fast_offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     start = time.monotonic()

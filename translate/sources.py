@@ -381,6 +381,11 @@ def _hub_split(ds: Any, cfg: DataConfig, where: str) -> Lazy:
     nested = not (cfg.src_column or cfg.tgt_column) and "translation" in ds.column_names
     if nested:
         feature = ds.features["translation"]
+        if not (hasattr(feature, "languages") or isinstance(feature, dict)):
+            raise UserError(
+                f"{where}: 'translation' holds {_kind(feature)}, not a text per language; "
+                "for columns of text set data.src_column and data.tgt_column"
+            )
         langs = getattr(feature, "languages", None) or list(feature)
         missing = [k for k in (src_key, tgt_key) if k not in langs]
         if missing:
@@ -388,6 +393,7 @@ def _hub_split(ds: Any, cfg: DataConfig, where: str) -> Lazy:
             raise UserError(
                 f"{where}: 'translation' has no '{missing[0]}' (it has: {known}); check data.src_lang/tgt_lang"
             )
+        texts = {} if hasattr(feature, "languages") else {f"translation.{k}": feature[k] for k in (src_key, tgt_key)}
     else:
         missing = [k for k in (src_key, tgt_key) if k not in ds.column_names]
         if missing:
@@ -395,7 +401,17 @@ def _hub_split(ds: Any, cfg: DataConfig, where: str) -> Lazy:
                 f"{where}: no column '{missing[0]}' (columns: {', '.join(ds.column_names)}); "
                 "set data.src_column and data.tgt_column"
             )
+        texts = {k: ds.features[k] for k in (src_key, tgt_key)}
+    for name, feature in texts.items():
+        if getattr(feature, "dtype", None) not in ("string", "large_string"):
+            raise UserError(f"{where}: '{name}' holds {_kind(feature)}, not text")
     return Lazy(functools.partial(_iter_rows, ds, src_key, tgt_key, nested))
+
+
+def _kind(feature: Any) -> str:
+    """A dataset feature as a user reads it: values of int64, a list ..."""
+    dtype = getattr(feature, "dtype", None)
+    return f"values of {dtype}" if dtype and dtype != "list" else type(feature).__name__
 
 
 def _iter_rows(ds: Any, src_key: str, tgt_key: str, nested: bool) -> Iterator[Pair]:
