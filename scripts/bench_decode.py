@@ -67,7 +67,7 @@ from translate.export import ct2_spec, hf_marian
 from translate.hardware import describe_machine, host_memory_peak_mb, reset_host_memory_peak
 from translate.inference import keep_freed_memory
 from translate.model import Transformer
-from translate.options import SearchOptions
+from translate.options import SearchOptions, count
 from translate.search import beam_search, max_output_lengths
 from translate.tokenizer import BOS, EOS, PAD, UNK
 
@@ -76,14 +76,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint", nargs="?", default="runs/bible/checkpoints/best.pt")
     p.add_argument("--src", help="English source file (default: RUN/data/test.en of the checkpoint's run)")
-    p.add_argument("--sentences", type=int, default=500, help="first N non-blank lines")
+    p.add_argument("--sentences", type=count, default=500, help="first N non-blank lines")
     p.add_argument("--batch-sentences", type=int, default=64, help="sentences per batch; 0 = a token budget")
     p.add_argument(
         "--batch-tokens", type=int, help="with --batch-sentences 0: the token budget (default: decode.batch_tokens)"
     )
-    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--beam", type=count, default=5)
     p.add_argument("--length-penalty", type=float, help="GNMT alpha for every system (default: decode.length_penalty)")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=count, default=3)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     p.add_argument(
         "--workers", type=int, default=0, help="batches ours decodes at once, as translate decode (0 = its default)"
@@ -344,4 +344,7 @@ def report_ratios(runs: list[Run], beam: int) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as e:  # a bad checkpoint, config or value: one line, as the CLI says it
+        sys.exit(f"error: {e}")

@@ -33,7 +33,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from translate.config import load_config  # noqa: E402
+from translate.errors import UserError
 from translate.hardware import describe_machine  # noqa: E402
+from translate.options import count  # noqa: E402
 
 LINE = re.compile(r"step (\d+) .* tokens/s (\d+) host memory (\d+) MiB(?: \(peak (\d+)\))?")
 
@@ -95,7 +97,7 @@ def start_run(i: int, variant: str, cfg, args, command: list[str], work: Path):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/bible.yaml")
-    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--steps", type=count, default=1000)
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads of each run (they run side by side)")
     ap.add_argument(
         "--variant",
@@ -141,4 +143,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as e:  # a bad checkpoint, config or value: one line, as the CLI says it
+        sys.exit(f"error: {e}")

@@ -37,6 +37,8 @@ from pathlib import Path
 
 import yaml
 
+from translate.options import count, counts
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -169,15 +171,17 @@ def bench_first_step(n: int, config: Path, work: Path, repeats: int) -> list[tup
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="500000,1000000,2000000", help="comma-separated corpus sizes (pairs)")
-    parser.add_argument("--repeats", type=int, default=1, help="runs of each size; medians are reported")
+    parser.add_argument(
+        "--sizes", type=counts, default="500000,1000000,2000000", help="comma-separated corpus sizes (pairs)"
+    )
+    parser.add_argument("--repeats", type=count, default=1, help="runs of each size; medians are reported")
     parser.add_argument("--workers", type=int, default=None, help="data.num_workers (default: the config default)")
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "translate_bench_prepare")
     parser.add_argument("--no-train", action="store_true", help="skip the time-to-first-step measurement")
     args = parser.parse_args()
-    sizes = sorted(int(s) for s in args.sizes.split(","))
+    sizes = sorted(args.sizes)
     args.workdir.mkdir(parents=True, exist_ok=True)
     corpora = make_corpora(sizes, args.workdir, args.seed)
     print(f"prepare on {os.cpu_count()} CPUs, workers: {args.workers if args.workers is not None else 'default'}")

@@ -42,9 +42,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from translate.engine import Engine, EngineSpec, first_best
+from translate.errors import UserError
 from translate.hardware import describe_machine
 from translate.inference import keep_freed_memory
-from translate.options import SearchOptions, ServingLimits
+from translate.options import SearchOptions, ServingLimits, count, counts
 from translate.pool import ProcessEngine, resolve_spec
 
 
@@ -52,12 +53,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint", nargs="?", default="runs/bible/checkpoints/best.pt")
     p.add_argument("--src", help="English source file (default: RUN/data/test.en of the checkpoint's run)")
-    p.add_argument("--sentences", type=int, default=200, help="first N non-blank lines")
-    p.add_argument("--clients", default="1,4,16", help="comma-separated numbers of concurrent clients")
+    p.add_argument("--sentences", type=count, default=200, help="first N non-blank lines")
+    p.add_argument("--clients", type=counts, default="1,4,16", help="comma-separated numbers of concurrent clients")
     p.add_argument("--batch-window-ms", type=float, default=5.0, help="the server's --batch-window-ms")
     p.add_argument("--workers", type=int, default=0, help="the server's --workers (0: its default)")
-    p.add_argument("--per-request", type=int, default=1, help='sentences in each request (1: {"text": ...})')
-    p.add_argument("--repeats", type=int, default=1, help="runs of everything, taking turns; medians printed")
+    p.add_argument("--per-request", type=count, default=1, help='sentences in each request (1: {"text": ...})')
+    p.add_argument("--repeats", type=count, default=1, help="runs of everything, taking turns; medians printed")
     p.add_argument(
         "--without-http",
         action="store_true",
@@ -196,7 +197,7 @@ def row(name: str, n: int, runs: list[tuple[float, list[float]]]) -> tuple[str, 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    clients = [int(c) for c in args.clients.split(",")]
+    clients = args.clients
     src = Path(args.src) if args.src else Path(args.checkpoint).parent.parent / "data" / "test.en"
     sentences = [line for line in src.read_text(encoding="utf-8").splitlines() if line.strip()][: args.sentences]
     size = clients[-1] * args.per_request  # the sentences in flight at the most clients
@@ -259,4 +260,7 @@ def report(n: int, clients: list[int], size: int, baselines, runs, same: list[fl
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as e:  # a bad checkpoint, config or value: one line, as the CLI says it
+        sys.exit(f"error: {e}")

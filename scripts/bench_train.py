@@ -408,6 +408,8 @@ def main() -> None:
             with_overrides(cfg, parse_variant(variant)[1])
     except UserError as e:
         sys.exit(f"error: {e}")
+    if args.precisions and (bad := set(args.precisions.split(",")) - {"fp32", "bf16"}):
+        sys.exit(f"error: --precisions: fp32 or bf16 (comma-separated), got {sorted(bad)[0]!r}")
     if args.bf16_loss_steps:
         bf16_loss(cfg, args.bf16_loss_steps)
         return

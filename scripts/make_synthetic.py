@@ -32,6 +32,9 @@ import re
 import sys
 from pathlib import Path
 
+from translate.errors import UserError
+from translate.options import count
+
 CLAUSE_END = re.compile(r"(?<=[,;:])\s+")
 
 
@@ -39,6 +42,8 @@ def read_pairs(prefix: str | None) -> list[tuple[str, str]]:
     """The verse pairs to recombine: PREFIX.en/.fr, or the Bible source's train split."""
     if prefix:
         src, tgt = Path(f"{prefix}.en"), Path(f"{prefix}.fr")
+        if missing := [str(p) for p in (src, tgt) if not p.is_file()]:
+            raise UserError(f"--from {prefix}: {missing[0]} not found")
         with open(src, encoding="utf-8") as fs, open(tgt, encoding="utf-8") as ft:
             return [(s.strip(), t.strip()) for s, t in zip(fs, ft) if s.strip() and t.strip()]
     from translate.config import DataConfig
@@ -99,10 +104,10 @@ def lexicon_pairs(n: int, words: int, seed: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("n", type=int, help="number of pairs to write")
+    parser.add_argument("n", type=count, help="number of pairs to write")
     parser.add_argument("out", help="output prefix: writes OUT.en and OUT.fr")
     parser.add_argument("--from", dest="source", metavar="PREFIX", help="read PREFIX.en/PREFIX.fr instead of the Bible")
-    parser.add_argument("--lexicon", type=int, metavar="N", help="pseudo-words from a lexicon of N words a side")
+    parser.add_argument("--lexicon", type=count, metavar="N", help="pseudo-words from a lexicon of N words a side")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     if args.lexicon:
@@ -125,4 +130,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as e:  # a bad checkpoint, config or value: one line, as the CLI says it
+        sys.exit(f"error: {e}")

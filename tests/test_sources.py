@@ -262,6 +262,14 @@ def test_hub_columns_that_are_not_text_are_one_line(tmp_path: Path) -> None:
         hub(tmp_path / "nested")
 
 
+def test_hub_path_not_found_and_subset_of_a_saved_dataset_are_one_line(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="data.dataset: directory not found: .*nope"):
+        hub(tmp_path / "nope")
+    datasets.Dataset.from_dict({"en": ["a"], "fr": ["b"]}).save_to_disk(str(tmp_path / "one"))
+    with pytest.raises(UserError, match="data.subset 'xx-yy': .*one was saved with save_to_disk"):
+        hub(tmp_path / "one", subset="xx-yy")
+
+
 def test_hub_unknown_dataset_fails_fast_offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     start = time.monotonic()

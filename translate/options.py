@@ -6,11 +6,28 @@ SearchOptions; the command line's names for them are `CLI_NAMES`.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 from dataclasses import dataclass
 
 from translate.errors import UserError
+
+
+def count(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (the scripts' sizes, repeats, clients ...)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def counts(text: str) -> list[int]:
+    """An argparse type: comma-separated whole numbers of at least 1 ('1,4,16')."""
+    return [count(part) for part in text.split(",")]
 
 
 def at_least(value: float, low: float, name: str) -> None:

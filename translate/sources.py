@@ -318,7 +318,11 @@ def hub_source(cfg: DataConfig) -> dict[str, Iterable[Pair] | None]:
 
     name = cfg.dataset or ""
     local = Path(name).expanduser()
+    if name.startswith(("/", "./", "../", "~")) and not local.is_dir():  # a path, not a hub name
+        raise UserError(f"data.dataset: directory not found: {local}")
     if local.is_dir() and any((local / f).is_file() for f in ("dataset_dict.json", "state.json")):
+        if cfg.subset:
+            raise UserError(f"data.subset {cfg.subset!r}: {local} was saved with save_to_disk, it has no subsets")
         try:
             loaded: Any = datasets.load_from_disk(str(local))
         except (OSError, ValueError) as e:
