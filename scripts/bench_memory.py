@@ -97,7 +97,9 @@ def start_run(i: int, variant: str, cfg, args, command: list[str], work: Path):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/bible.yaml")
-    ap.add_argument("--steps", type=count, default=1000)
+    ap.add_argument(
+        "--steps", type=count, default=1000, help="updates of each run (at least 101: memory is judged from update 100)"
+    )
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads of each run (they run side by side)")
     ap.add_argument(
         "--variant",
@@ -110,6 +112,10 @@ def main() -> None:
     args = ap.parse_args()
 
     variants = args.variant or ["as configured:", "pad_to_multiple 1:train.pad_to_multiple=1"]
+    if bad := [v for v in variants if ":" not in v]:
+        ap.error(f"--variant {bad[0]!r}: expected NAME:KEY=VALUE[,KEY=VALUE] (NAME: for the config as it is)")
+    if args.steps <= 100:
+        ap.error(f"--steps {args.steps}: at least 101 (memory is judged from update 100)")
     cfg = load_config(args.config, [])
     translate = Path(sys.executable).with_name("translate")
     command = [str(translate)] if translate.exists() else [sys.executable, "-m", "translate"]
