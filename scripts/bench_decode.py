@@ -62,7 +62,7 @@ import torch
 from translate.checkpoint import load_model
 from translate.decoding import decode_batches, in_workers, pad_batch
 from translate.engine import Engine, EngineSpec
-from translate.errors import UserError
+from translate.errors import UserError, run_script
 from translate.export import ct2_spec, hf_marian
 from translate.hardware import describe_machine, host_memory_peak_mb, reset_host_memory_peak
 from translate.inference import keep_freed_memory
@@ -344,7 +344,4 @@ def report_ratios(runs: list[Run], beam: int) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:  # a bad checkpoint, config or value: one line, as the CLI says it
-        sys.exit(f"error: {e}")
+    run_script(main)

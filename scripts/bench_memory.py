@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from translate.config import load_config  # noqa: E402
-from translate.errors import UserError
+from translate.errors import run_script
 from translate.hardware import describe_machine  # noqa: E402
 from translate.options import count  # noqa: E402
 
@@ -149,7 +149,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:  # a bad checkpoint, config or value: one line, as the CLI says it
-        sys.exit(f"error: {e}")
+    run_script(main)

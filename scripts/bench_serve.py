@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from translate.engine import Engine, EngineSpec, first_best
-from translate.errors import UserError
+from translate.errors import run_script
 from translate.hardware import describe_machine
 from translate.inference import keep_freed_memory
 from translate.options import SearchOptions, ServingLimits, count, counts
@@ -260,7 +260,4 @@ def report(n: int, clients: list[int], size: int, baselines, runs, same: list[fl
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:  # a bad checkpoint, config or value: one line, as the CLI says it
-        sys.exit(f"error: {e}")
+    run_script(main)

@@ -32,7 +32,7 @@ import re
 import sys
 from pathlib import Path
 
-from translate.errors import UserError
+from translate.errors import UserError, run_script
 from translate.options import count
 
 CLAUSE_END = re.compile(r"(?<=[,;:])\s+")
@@ -130,7 +130,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:  # a bad checkpoint, config or value: one line, as the CLI says it
-        sys.exit(f"error: {e}")
+    run_script(main)

@@ -639,3 +639,14 @@ def test_amp_auto_on_a_cpu_without_native_bf16_trains_in_fp32_and_says_so(tmp_pa
     cfg = tiny_config(tmp_path, name="nobf16", amp="auto")
     auto = run_cli("train", "--config", cfg, env={"ATEN_CPU_CAPABILITY": "avx2"})
     assert "amp auto: CPU AVX2 without native bf16 -> fp32" in auto.stderr
+
+
+def test_a_script_ends_a_user_error_in_one_line(capsys):
+    from translate.errors import UserError, run_script
+
+    def main():
+        raise UserError("config file not found: x.yaml")
+
+    with pytest.raises(SystemExit) as stop:
+        run_script(main)
+    assert stop.value.code == 2 and capsys.readouterr().err == "error: config file not found: x.yaml\n"

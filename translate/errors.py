@@ -10,12 +10,23 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
+from collections.abc import Callable
 
 
 class UserError(Exception):
     """A mistake the user can fix; its message is one self-contained line."""
 
     exit_code = 2
+
+
+def run_script(main: Callable[[], object]) -> None:
+    """Run a script's `main`: a UserError ends it with one `error:` line (status 2), as the CLI does."""
+    try:
+        main()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
 
 
 # errno values that describe the user's disk or permissions, never a fault in the code
