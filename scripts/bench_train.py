@@ -261,33 +261,36 @@ def steady_state(trainer: Trainer, n: int, peak: float) -> dict[str, float | str
         return Prefetcher(itertools.islice(trainer.planned_updates(0, 0), n), PREFETCH)
 
     warm = time.perf_counter()
-    for planned in updates():
-        trainer.update(planned.batches, planned.all_ntokens)
+    with updates() as planned_updates:
+        for planned in planned_updates:
+            trainer.update(planned.batches, planned.all_ntokens)
     sync(device)
     warm = time.perf_counter() - warm
     host, events, tokens, timed = [], [], 0, []
     sync(device)
     start = time.perf_counter()
-    for planned in updates():
-        t = time.perf_counter()
-        begin = torch.cuda.Event(enable_timing=True) if device.type == "cuda" else None
-        if begin is not None:
-            begin.record()
-        trainer.update(planned.batches, planned.all_ntokens)
-        if begin is not None:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            events.append((begin, end))
-        host.append(time.perf_counter() - t)
-        tokens += planned.all_ntokens
-        timed += planned.batches
+    with updates() as planned_updates:
+        for planned in planned_updates:
+            t = time.perf_counter()
+            begin = torch.cuda.Event(enable_timing=True) if device.type == "cuda" else None
+            if begin is not None:
+                begin.record()
+            trainer.update(planned.batches, planned.all_ntokens)
+            if begin is not None:
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+                events.append((begin, end))
+            host.append(time.perf_counter() - t)
+            tokens += planned.all_ntokens
+            timed += planned.batches
     sync(device)
     wall = (time.perf_counter() - start) / n
     flops = sum(model_flops(trainer.model, b) for b in timed)
     shapes = {(b.src.size(0), b.src.size(1), b.tgt_in.size(1)) for b in timed}
     device_ms = statistics.median(b.elapsed_time(e) for b, e in events) if events else float("nan")
     counter = SyncCounter()
-    planned = next(updates())
+    with updates() as planned_updates:  # closed: its thread would keep the trainer (and its GPU memory) alive
+        planned = next(planned_updates)
     try:
         with counter:
             trainer.update(planned.batches, planned.all_ntokens)
@@ -342,12 +345,16 @@ def steady_benchmark(cfg: Config, args: argparse.Namespace) -> None:
         except Exception as e:
             failed.append(f"{label}: failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
             print(f"== {failed[-1]}", flush=True)
-        if trainer is not None:
-            trainer.close()
-        del trainer
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        try:  # a sticky CUDA error can make the cleanup raise too: the next variants still run, or fail in one line
+            if trainer is not None:
+                trainer.close()
+            del trainer
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        except Exception as e:
+            failed.append(f"{label}: cleanup failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
+            print(f"== {failed[-1]}", flush=True)
         if r is None:
             continue
         print(
@@ -369,6 +376,8 @@ def steady_benchmark(cfg: Config, args: argparse.Namespace) -> None:
         )
     for line in failed:  # below the table, so that a summary of the last lines shows them too
         print(line)
+    if failed:
+        sys.exit(1)
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:

@@ -1,78 +1,136 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA GPU, in one run of under 8 minutes on one GPU, ending in one summary.
+# GPU_CHECK_OUT=$OUT bash scripts/gpu_check.sh is the device tool's command (timeout_s about 560).
 #
 #   bash scripts/gpu_check.sh            # run them (from the repository root, the project importable)
 #   bash scripts/gpu_check.sh --dry-run  # say what would run, run nothing
 #
-# 1. the cuda tests (pytest -m cuda): bf16/fp16 training with the scaler, amp auto, an update with
+# 0. preflight: CUDA usable and every package the steps import (else one line and stop);
+# 1. synthetic sentences for a vocabulary of 32,000 pieces (scripts/make_synthetic.py --lexicon:
+#    no hub needed; kept from an earlier run in the same $GPU_CHECK_WORK);
+# 2. `translate prepare` of configs/wmt14_base.yaml on them (the SentencePiece model, the encoded data);
+# 3. the steady-state training benchmark of that config (Transformer-base, bf16) on them: as
+#    configured (eager), then 6,250 tokens x 4 accumulated (the earlier batches), and each attention
+#    kernel that takes a padding mask alone (cudnn, efficient). Each prints target tokens/s, MFU
+#    against the measured bf16 matmul peak, host/device time per update, synchronisations per
+#    update, the attention kernel and the peak memory;
+# 4. `translate train` of the same config on the same data: 200 updates, then --resume to 300,
+#    its tokens/s (train.log) to set beside the benchmark's;
+# 5. the cuda tests (pytest -m cuda): bf16/fp16 training with the scaler, amp auto, an update with
 #    torch.cuda.set_sync_debug_mode("error") (no synchronisation), the additive padding mask,
 #    half-precision decoding against fp32, the CUDA RNG state of checkpoints;
-# 2. synthetic sentences for a vocabulary of 32,000 pieces (scripts/make_synthetic.py --lexicon:
-#    no hub needed);
-# 3. the steady-state training benchmark of configs/wmt14_base.yaml (Transformer-base, bf16) on
-#    them: as configured with torch.compile off, then 6,250 tokens x 4 accumulated (the earlier
-#    batches), each attention kernel alone (cudnn, efficient, math), and torch.compile on.
-#    Each prints target tokens/s, MFU against the measured bf16 matmul peak, host/device time
-#    per update, synchronisations per update, the attention kernel and the peak memory;
-# 4. `translate train` of the same config on the same data: 200 updates, then --resume to 300,
-#    its tokens/s (train.log) to set beside the benchmark's.
-# Each step has a time cap (120 + 60 + 240 + 180 s), so that the whole run stays under 10 minutes.
+# 6. the benchmark with torch.compile on (last: its graphs take longest to build).
+# The steps run in that order, the most wanted figures first, under one deadline
+# ($GPU_CHECK_BUDGET seconds, default 480): each step's time cap is its own or what is left,
+# whichever is less, and a step with under 20 s left is skipped. So run it on a device with
+# GPU_CHECK_OUT=$OUT and a command limit a minute above the budget.
 # The summary lands in $GPU_CHECK_OUT/summary.txt (default gpu_check/), each step's whole log
-# beside it; the synthetic data and the scratch runs in $GPU_CHECK_WORK (default /tmp/gpu_check).
+# beside it; the synthetic data and the scratch runs in $GPU_CHECK_WORK (default /tmp/gpu_check;
+# its runs are removed first, so that a second run measures afresh).
+# To try the script's flow on a CPU (every figure meaningless, the cuda tests skipped, so failed):
+#   GPU_CHECK_CPU=1 GPU_CHECK_CONFIG=configs/tiny.yaml GPU_CHECK_SENTENCES=20000 bash scripts/gpu_check.sh
 set -uo pipefail
 PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the package from this checkout, installed or not
 export PYTHONUNBUFFERED=1
-OUT=${GPU_CHECK_OUT:-gpu_check}
+SUMMARY_DIR=${GPU_CHECK_OUT:-gpu_check}
 WORK=${GPU_CHECK_WORK:-/tmp/gpu_check}
+DEADLINE=$(($(date +%s) + ${GPU_CHECK_BUDGET:-480}))
 
-tests() {
-    timeout 120 $PY -m pytest -m cuda -q -rs --tb=short -p no:cacheprovider tests/test_cuda.py
+capped() {  # capped SECONDS COMMAND...: the command under the lesser of SECONDS and the time left
+    local left=$((DEADLINE - $(date +%s) - 5))
+    local cap=$(($1 < left ? $1 : left))
+    shift
+    if [ "$cap" -lt 20 ]; then
+        echo "skipped: ${cap} s left of the budget"
+        return 124
+    fi
+    timeout -k 10 "$cap" "$@"
 }
+preflight() {
+    capped 60 $PY - <<'PY'
+import os, sys
+import torch
+cpu = os.environ.get("GPU_CHECK_CPU") == "1"
+if not cpu and not torch.cuda.is_available():
+    sys.exit(f"no usable CUDA device (torch {torch.__version__}, CUDA {torch.version.cuda})")
+for module in ("sentencepiece", "sacrebleu", "typer", "tqdm", "yaml", "numpy", "matplotlib", "tensorboard", "pytest"):
+    __import__(module)
+import translate.cli, translate.train  # noqa: E401,F401  everything the steps import
+if not cpu:
+    torch.ones(1, device="cuda").sum().item()
+    print("CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version(), torch.cuda.get_device_name(0))
+PY
+}
+DATA=(--set data.source=files --set data.train="$WORK/syn/train" --set data.dataset=null --set data.subset=null
+    --set data.max_train_pairs=null)
+CONFIG=(--config "${GPU_CHECK_CONFIG:-configs/wmt14_base.yaml}" "${DATA[@]}" --set name=wmt14_base)
+BENCH_RUN=$WORK/runs/wmt14_base_bench   # bench_train.py's scratch run of the config (its name + _bench)
+TRAIN_RUN=$WORK/runs/wmt14_base_train
 synthetic() {
-    timeout 60 $PY scripts/make_synthetic.py 300000 "$WORK/syn/train" --lexicon 60000  # 10 s on one CPU core
+    if [ -s "$WORK/syn/train.en" ] && [ -s "$WORK/syn/train.fr" ]; then
+        echo "kept from an earlier run: $WORK/syn/train.{en,fr}"
+        return 0
+    fi
+    capped 60 $PY scripts/make_synthetic.py "${GPU_CHECK_SENTENCES:-300000}" "$WORK/syn/train" --lexicon 60000  # 10-25 s
 }
-DATA=(--set data.source=files --set data.train="$WORK/syn/train" --set data.dataset=null --set data.subset=null)
+prepare() {  # once: the benchmark's run directory; the training gets a copy of its data
+    capped 150 $PY -m translate prepare "${CONFIG[@]}" --set run_dir="$WORK/runs" --set name=wmt14_base_bench &&
+        mkdir -p "$TRAIN_RUN" && cp -r "$BENCH_RUN/data" "$BENCH_RUN/spm.model" "$TRAIN_RUN/"
+}
 benchmark() {
-    timeout 240 $PY scripts/bench_train.py --config configs/wmt14_base.yaml --run-dir "$WORK/runs" --updates 24 \
-        "${DATA[@]}" --set train.compile=false \
+    capped 200 $PY scripts/bench_train.py "${CONFIG[@]}" --run-dir "$WORK/runs" --steady-state --updates 24 --set train.compile=false \
         --variant "6250 x 4=train.max_tokens=6250,train.accumulate=4" \
         --variant "attention cudnn=train.attention=cudnn" \
-        --variant "attention efficient=train.attention=efficient" \
-        --variant "compile=train.compile=true"
+        --variant "attention efficient=train.attention=efficient"
 }
 train() {
-    # the benchmark's run directory: its data prepared once (--resume: no checkpoint there yet)
-    local run=(--config configs/wmt14_base.yaml "${DATA[@]}" --set run_dir="$WORK/runs" --set name=wmt14_base_bench
-        --set train.log_every=50 --set train.eval_every=100000 --set train.save_every=100
-        --set train.eval_max_sentences=100 --resume)
-    timeout 120 $PY -m translate train "${run[@]}" --set train.max_steps=200 &&
-        timeout 60 $PY -m translate train "${run[@]}" --set train.max_steps=300
+    local run=("${CONFIG[@]}" --set run_dir="$WORK/runs" --set name=wmt14_base_train --set train.log_every=50 --set train.eval_every=100000 --set train.save_every=100
+        --set train.average_last=null --set train.eval_max_sentences=100 --resume)
+    capped 120 $PY -m translate train "${run[@]}" --set train.max_steps=200 &&
+        capped 90 $PY -m translate train "${run[@]}" --set train.max_steps=300
     local code=$?
-    grep -h "tokens/s\|resumed\|training stopped" "$WORK/runs/wmt14_base_bench/train.log" | tail -n 8
+    grep -h "tokens/s\|resumed\|training stopped" "$TRAIN_RUN/train.log" | tail -n 8
     return $code
 }
-steps=(tests synthetic benchmark train)
+tests() {
+    capped 120 $PY -m pytest -o addopts= -m cuda -q -rs --tb=short -p no:cacheprovider tests/test_cuda.py
+    local code=$?
+    # every test skipped (no usable GPU) is no pass: pytest's last line says "N skipped in" without "passed"
+    if tail -n 1 "$SUMMARY_DIR/tests.log" | grep -q "skipped" && ! tail -n 1 "$SUMMARY_DIR/tests.log" | grep -q "passed"; then
+        code=1
+    fi
+    return $code
+}
+compile() {
+    capped 180 $PY scripts/bench_train.py "${CONFIG[@]}" --run-dir "$WORK/runs" --steady-state --updates 24 --set train.compile=true
+}
+steps=(preflight synthetic prepare benchmark train tests compile)
 if [ "${1:-}" = "--dry-run" ]; then
-    echo "would run, in order (summary in $OUT/summary.txt):"
+    echo "would run, in order, within ${GPU_CHECK_BUDGET:-480} s (summary in $SUMMARY_DIR/summary.txt):"
     for step in "${steps[@]}"; do declare -f "$step" | sed -n '3,$p' | sed '$d'; done
     exit 0
 fi
-mkdir -p "$OUT" "$WORK"
-: >"$OUT/summary.txt"
+mkdir -p "$SUMMARY_DIR" "$WORK"
+rm -rf "$WORK/runs"
+: >"$SUMMARY_DIR/summary.txt"
 {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1
     $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" 2>&1
-} | tee -a "$OUT/summary.txt"
+} | tee -a "$SUMMARY_DIR/summary.txt"
 status=0
 for step in "${steps[@]}"; do
-    echo "== $step" | tee -a "$OUT/summary.txt"
+    echo "== $step" | tee -a "$SUMMARY_DIR/summary.txt"
     start=$(date +%s)
-    $step >"$OUT/$step.log" 2>&1
+    $step >"$SUMMARY_DIR/$step.log" 2>&1
     code=$?
     [ $code -eq 0 ] || status=1
     # the step's closing lines: test counts, or the benchmark's table
-    grep -v "Warning\|warn(" "$OUT/$step.log" | tail -n 14 | tee -a "$OUT/summary.txt"
-    echo "-- exit $code, $(($(date +%s) - start)) s" | tee -a "$OUT/summary.txt"
+    grep -v "Warning\|warn(" "$SUMMARY_DIR/$step.log" | tail -n 14 | tee -a "$SUMMARY_DIR/summary.txt"
+    echo "-- exit $code, $(($(date +%s) - start)) s" | tee -a "$SUMMARY_DIR/summary.txt"
+    if [ "$step" = preflight ] && [ $code -ne 0 ]; then
+        echo "stopped: the preflight failed, no other step can run" | tee -a "$SUMMARY_DIR/summary.txt"
+        break
+    fi
 done
 exit $status

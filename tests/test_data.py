@@ -1,7 +1,9 @@
+import gc
 import json
 import logging
 import os
 import signal
+import weakref
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ from conftest import tiny_config
 from translate import prepare as prepare_module
 from translate.batching import batch_starts, length_order, padding_fraction, shard_batches, token_batches
 from translate.config import load_config
-from translate.data import NpyWriter, SplitData, TokenData, TokenWriter, collate, write_token_data
+from translate.data import NpyWriter, Prefetcher, SplitData, TokenData, TokenWriter, collate, write_token_data
 from translate.errors import UserError
 from translate.prepare import SeenHashes, clean_text_pairs, keep_lengths, length_filter, prepare
 from translate.tokenizer import BOS, EOS, PAD
@@ -289,3 +291,38 @@ def test_missing_valid_and_test_are_held_out_of_train(tmp_path):
     meta = json.loads((cfg.run_path / "data" / "meta.json").read_text())
     assert meta["splits"]["valid"]["pairs"] == 20 and meta["splits"]["test"]["pairs"] == 30
     assert set(lines["train"]).isdisjoint(lines["valid"] + lines["test"])
+
+
+def test_prefetcher_keeps_the_order_and_raises_where_the_items_failed():
+    def items():
+        yield from range(5)
+        raise ValueError("item 5")
+
+    got = []
+    with Prefetcher(items(), depth=2) as ahead:
+        with pytest.raises(ValueError, match="item 5"):
+            for item in ahead:
+                got.append(item)
+    assert got == [0, 1, 2, 3, 4]
+    assert not ahead.thread.is_alive()
+
+
+def test_a_closed_prefetcher_lets_go_of_its_items_source():
+    """Left after one item (as a benchmark takes one update), the thread must not keep what the
+    source holds alive (on a GPU: a trainer's model and optimizer)."""
+
+    class Holder:
+        pass
+
+    holder = Holder()
+    ref = weakref.ref(holder)
+
+    def items(held):
+        while True:
+            yield [held] if held is None else []  # the generator's frame holds `held`, its items do not
+
+    with Prefetcher(items(holder), depth=2) as ahead:
+        assert next(ahead) == []
+    del holder
+    gc.collect()
+    assert not ahead.thread.is_alive() and ref() is None

@@ -238,8 +238,17 @@ class Prefetcher(Iterator):
         return item
 
     def close(self) -> None:
+        """Stops the thread and drops the items made ahead (on a GPU, pinned batches)."""
         self.closed.set()
         self.thread.join()
+        while not self.queue.empty():
+            self.queue.get_nowait()
+
+    def __enter__(self) -> Prefetcher:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 @dataclass
