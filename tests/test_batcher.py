@@ -71,3 +71,30 @@ def test_a_failing_search_fails_its_request_and_the_engine_goes_on(engine, monke
     with pytest.raises(RuntimeError, match="broken greedy"):
         engine.submit([LINES[0]], SEARCH.given(beam_size=1)).result(timeout=60)
     assert len(engine.submit([LINES[0]]).result(timeout=60)) == 1  # beam search still answers
+
+
+def test_a_failing_beam_search_step_fails_its_requests_and_the_threads_go_on(model, tokenizer, monkeypatch):
+    """Every request in a search whose step raises gets the error (requests gathered by identity);
+    the decoding threads live on and answer the next request."""
+    from translate import search as search_module
+
+    real_step, calls = search_module.BeamSearch.step, []
+
+    def step_failing_once(self):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("broken step")
+        return real_step(self)
+
+    monkeypatch.setattr(search_module.BeamSearch, "step", step_failing_once)
+    limits = ServingLimits(batch_window_ms=300, max_batch=5)  # one thread: both requests join one search
+    engine = Engine(model, tokenizer, SEARCH, workers=1, limits=limits)
+    try:
+        first, second = engine.submit([LINES[0]]), engine.submit([LINES[1]])
+        for future in (first, second):
+            with pytest.raises(RuntimeError, match="broken step"):
+                future.result(timeout=60)
+        assert len(engine.submit([LINES[2]]).result(timeout=60)) == 1
+        assert all(t.is_alive() for t in engine._batcher.threads)
+    finally:
+        engine.stop()

@@ -71,3 +71,41 @@ def test_load_takes_the_checkpoints_decode_section_and_the_options_given(tiny_ch
 def test_load_names_the_command_lines_options(tiny_checkpoint, options, message):
     with pytest.raises(UserError, match=message):
         Engine.load(EngineSpec([tiny_checkpoint], device="cpu", **options))
+
+
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        (SEARCH.given(beam_size=2000), UserError, "beam_size must be at most the vocabulary's"),
+        (SearchOptions(beam_size=1.5), UserError, "beam_size must be a whole number, got 1.5"),
+        (SearchOptions(beam_size=2, nbest=True), UserError, "nbest must be a whole number"),
+    ],
+)
+def test_each_calls_options_are_checked_against_the_models(model, tokenizer, options, error, message):
+    engine = Engine.from_model(model, tokenizer, SEARCH)
+    for call in (
+        lambda: engine.translate(LINES, options),
+        lambda: engine.translate_in_worker(LINES, options),
+        lambda: engine.submit(LINES, options),
+        lambda: engine.best_tokens(LINES[0], options),
+    ):
+        with pytest.raises(error, match=message):
+            call()
+    engine.stop()
+
+
+def test_lines_that_are_not_a_list_of_text_are_refused(model, tokenizer):
+    engine = Engine.from_model(model, tokenizer, SEARCH)
+    with pytest.raises(TypeError, match="not one str"):
+        engine.translate(LINES[0])  # at once: its characters are not lines
+    with pytest.raises(TypeError, match="not one str"):
+        engine.submit(LINES[0])
+    with pytest.raises(TypeError, match="line 1 is a NoneType, not a str"):
+        list(engine.translate([LINES[0], None]))
+    with pytest.raises(TypeError, match="line 0 is a bytes"):
+        list(engine.translate([b"Amen."]))
+    with pytest.raises(ValueError, match="line 0 holds a lone surrogate"):
+        list(engine.translate(["\ud800 Amen."]))
+    with pytest.raises(TypeError, match="list of paths"):
+        EngineSpec("runs/x/checkpoints/best.pt")
+    engine.stop()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from translate.engine import EngineSpec
+from translate.engine import Engine, EngineSpec
 from translate.errors import UserError
-from translate.translator import decode_file, plot_attention, translate_file_lines
+from translate.translator import decode_file, plot_attention, translate_file_lines, translate_texts
 
 
 @pytest.fixture(scope="module")
@@ -49,3 +49,11 @@ def test_plot_attention(checkpoint, tmp_path):
     assert isinstance(text, str) and out.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(UserError, match="layer"):
         plot_attention(checkpoint, "the cat", out, layer=5)
+
+
+def test_translate_texts_refuses_an_unknown_format_and_one_string(model, tokenizer):
+    engine = Engine.from_model(model, tokenizer)
+    with pytest.raises(UserError, match="format must be one of text, html, markdown, got 'HTML'"):
+        translate_texts(engine, ["<p>Amen.</p>"], format="HTML")
+    with pytest.raises(TypeError, match="not one str"):
+        translate_texts(engine, "Amen.")

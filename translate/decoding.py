@@ -64,6 +64,7 @@ def translate_lines(
     search.check()
     at_least(batch_tokens, 1, "batch_tokens")
     at_least(chunk_lines, 1, "chunk_lines")
+    lines = checked_lines(lines)
     check_workers(workers)
     device = torch.device(device) if device is not None else next(models[0].parameters()).device
     workers = workers or decode_workers(device)
@@ -84,6 +85,26 @@ def translate_lines(
             on_progress,
         )
     )
+
+
+def checked_lines(lines: Iterable[str]) -> Iterator[str]:
+    """The lines, each checked as it comes: a TypeError for one string given for the lines (its
+    characters would be taken as lines) or a line that is not a str, a ValueError for a line that
+    is not text (a lone surrogate, which no encoding can write)."""
+    if isinstance(lines, (str, bytes)):  # at once, not when the first line is wanted
+        raise TypeError(f"lines must be an iterable of str, not one {type(lines).__name__}")
+
+    def each(lines: Iterable[str]) -> Iterator[str]:
+        for i, line in enumerate(lines):
+            if not isinstance(line, str):
+                raise TypeError(f"line {i} is a {type(line).__name__}, not a str")
+            try:
+                line.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ValueError(f"line {i} holds a lone surrogate ({line[e.start]!r}), which is not text") from None
+            yield line
+
+    return each(lines)
 
 
 def fixed_chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:

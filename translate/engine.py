@@ -106,6 +106,8 @@ class EngineSpec:
     limits: ServingLimits = field(default_factory=ServingLimits)  # for submit
 
     def __post_init__(self) -> None:
+        if isinstance(self.checkpoints, (str, Path)):  # its characters would be taken as paths
+            raise TypeError(f"checkpoints must be a list of paths, not one path: [{str(self.checkpoints)!r}]")
         object.__setattr__(self, "checkpoints", tuple(str(c) for c in self.checkpoints))  # paths as given
 
 
@@ -128,7 +130,8 @@ class Engine:
     ) -> None:
         self.models = [models] if isinstance(models, torch.nn.Module) else list(models)
         self.tokenizer = tokenizer
-        self.defaults = defaults.check()
+        self.vocab_size = min(m.vocab_size for m in self.models)
+        self.defaults = self.search_options(defaults)
         at_least(batch_tokens, 1, "batch_tokens")
         check_workers(workers)
         self.device = torch.device(device) if device is not None else next(self.models[0].parameters()).device
@@ -202,6 +205,16 @@ class Engine:
 
     # ------------------------------------------------------------------------ translating
 
+    def search_options(self, options: SearchOptions | None = None) -> SearchOptions:
+        """`options` (None: the engine's defaults) checked, against the models too: a UserError
+        naming the first bad value, before any work."""
+        options = (options or self.defaults).check()
+        if options.beam_size > self.vocab_size:
+            raise UserError(
+                f"beam_size must be at most the vocabulary's {self.vocab_size} pieces, got {options.beam_size}"
+            )
+        return options
+
     def translate(
         self,
         lines: Iterable[str],
@@ -215,7 +228,7 @@ class Engine:
         translates whatever lines have arrived (stdin); `on_progress(n)` as n lines are done; the
         terms of `glossary` come out as their targets."""
         return translate_lines(
-            self.models, self.tokenizer, lines, options or self.defaults, batch_tokens=self.batch_tokens,
+            self.models, self.tokenizer, lines, self.search_options(options), batch_tokens=self.batch_tokens,
             device=self.device, stream=stream, workers=self.workers, on_progress=on_progress, protect=self.protect,
             glossary=glossary or self.glossary,
         )  # fmt: skip
@@ -227,7 +240,7 @@ class Engine:
         thread's torch threads): what a decoding thread runs for a greedy request."""
         return list(
             translate_lines(
-                self.models, self.tokenizer, texts, options or self.defaults, batch_tokens=self.worker_tokens,
+                self.models, self.tokenizer, texts, self.search_options(options), batch_tokens=self.worker_tokens,
                 device=self.device, workers=1, protect=self.protect, glossary=glossary or self.glossary,
             )
         )  # fmt: skip
@@ -243,7 +256,7 @@ class Engine:
         attention plot is drawn over."""
         sources = encode_sources(self.tokenizer, [text], self.max_pieces)
         src = pad_batch(sources, self.device)  # type: ignore[arg-type]  # (1, S)
-        return beam_search(self.models, src, options or self.defaults)[0][0].tokens
+        return beam_search(self.models, src, self.search_options(options))[0][0].tokens
 
     # ------------------------------------------------------------------------ continuous batching
 
@@ -253,9 +266,12 @@ class Engine:
 
     def submit(self, texts: list[str], options: SearchOptions | None = None, glossary: Terms | None = None) -> Future:
         """Queue sentences for the decoding threads (started on first use); see TranslationEngine."""
+        options = self.search_options(options)
+        if isinstance(texts, (str, bytes)):
+            raise TypeError(f"texts must be a list of str, not one {type(texts).__name__}")
         if self._batcher is None:
             self.start()
-        return self._batcher.submit(texts, options or self.defaults, glossary)  # type: ignore[union-attr]
+        return self._batcher.submit(texts, options, glossary)  # type: ignore[union-attr]
 
     def start(self) -> None:
         """Start `workers` decoding threads that batch continuously (batcher.Batcher)."""

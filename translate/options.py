@@ -53,6 +53,10 @@ class SearchOptions:
     def check(self, names: dict[str, str] | None = None) -> SearchOptions:
         """self, or a UserError naming the first bad value as names[field] (default: the field)."""
         name = (names or {}).get
+        for field in ("beam_size", "nbest"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise UserError(f"{name(field, field)} must be a whole number, got {value!r}")
         at_least(self.beam_size, 1, name("beam_size", "beam_size"))
         at_least(self.length_penalty, 0, name("length_penalty", "length_penalty"))
         at_least(self.max_len_a, 0, name("max_len_a", "max_len_a"))

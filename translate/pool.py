@@ -114,6 +114,9 @@ class ProcessEngine:
 
     def submit(self, texts: list[str], options: SearchOptions | None = None, glossary: Terms | None = None) -> Future:
         """Send sentences to a process; QueueFull when the queue cannot take them."""
+        options = (options or self.defaults).check()
+        if isinstance(texts, (str, bytes)):
+            raise TypeError(f"texts must be a list of str, not one {type(texts).__name__}")
         future: Future = Future()
         future.set_running_or_notify_cancel()  # it is decoded even if its client goes: not cancellable
         with self.lock:
@@ -124,7 +127,7 @@ class ProcessEngine:
             while self.alive:
                 worker = min(self.alive, key=lambda i: (self.outstanding[i], i))
                 try:
-                    self.conns[worker].send(("job", self.next_id + 1, texts, options or self.defaults, glossary))
+                    self.conns[worker].send(("job", self.next_id + 1, texts, options, glossary))
                     break
                 except OSError:  # it has just ended (its reader fails what it held)
                     self.alive.discard(worker)

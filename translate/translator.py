@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from translate.decoding import arrived_chunks, check_workers, fixed_chunks
-from translate.documents import format_of, translate_document
+from translate.documents import FORMATS, format_of, translate_document
 from translate.engine import Engine, EngineSpec, TranslationEngine, first_best
 from translate.errors import UserError
 from translate.options import SearchOptions
@@ -64,6 +64,10 @@ def translate_texts(
             return first_best(engine.submit(sentences, options, glossary).result())
         return first_best(engine.translate(sentences, options, glossary=glossary))
 
+    if format not in FORMATS:
+        raise UserError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+    if isinstance(texts, (str, bytes)):
+        raise TypeError(f"texts must be a list of str, not one {type(texts).__name__}")
     if format != "text":
         return [translate_document(text, format, translate_batch, **sentence_budget(engine)) for text in texts]
     if split:
