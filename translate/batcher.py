@@ -53,7 +53,7 @@ def check_room(queued: int, n: int, max_queue: int, gone: str | None) -> None:
         raise QueueFull(f"server busy: {queued} sentences queued (--max-queue {max_queue}); retry later")
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself, hashable: requests failing together are gathered in a dict
 class Job:
     """One request's sentences and search options; `future` gets its list of n-best lists."""
 
