@@ -150,3 +150,19 @@ def test_workers_stop_when_torchrun_is_killed_and_the_run_resumes_exactly(tmp_pa
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert_bitwise_equal(weights(run), weights(tmp_path / "runs" / "ddp_ref"))
+
+
+def test_a_second_sigterm_changes_nothing_and_a_second_sigint_stops_at_once():
+    """A batch system's kill reaches every process of a job and torchrun sends its own SIGTERM:
+    the update finishing and the checkpoint win. A second Ctrl-C still stops at once."""
+    from translate.trainstate import StopRequest
+
+    stopper = StopRequest()
+    try:
+        signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)
+        assert stopper.signum == signal.SIGTERM
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        stopper.restore()

@@ -406,6 +406,7 @@ def test_torchrun_two_processes_match_one_process_on_the_same_global_batch(tmp_p
         torch.testing.assert_close(a["model"][k], b["model"][k], atol=1e-5, rtol=1e-4, msg=k)
     assert a["metrics"]["loss"] == pytest.approx(b["metrics"]["loss"], rel=1e-4)
     assert len(b["rng"]) == 2  # each rank's random state, for an exact resume
+    assert not torch.equal(b["rng"][0]["torch"], b["rng"][1]["torch"])  # each rank its own dropout masks
     run = tmp_path / "runs" / "ddp"
     assert len(list((run / "tb").glob("events.*"))) == 1
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.pt", "last.pt", "step_0000001.pt"]

@@ -28,6 +28,7 @@ import dataclasses
 import datetime
 import inspect
 import logging
+import os
 import signal
 import sys
 import time
@@ -90,6 +91,7 @@ log = logging.getLogger("translate")
 
 
 PREFETCH = 2  # updates collated ahead of the one the device works on
+RANK_SEED_STRIDE = 1_000_003  # rank r > 0 seeds with seed + r x this: runs of nearby seeds share no rank's stream
 
 
 @dataclass
@@ -195,6 +197,8 @@ class Trainer:
         self.cfg = cfg = self._at_width(cfg, ckpt or init)
         seed_everything(cfg.seed)
         self.model = Transformer(cfg.model, self.tokenizer.vocab_size).to(self.device)
+        if self.rank:  # each rank its own dropout masks (rank 0 draws those of a single process)
+            seed_everything(cfg.seed + RANK_SEED_STRIDE * self.rank)
         self.optimizer = build_optimizer(cfg, self.model, self.lr)
         self.time_spent = 0.0  # the share of train.max_time trained, as the ranks agreed after the last update
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -283,9 +287,26 @@ class Trainer:
         self.scaler.load_state_dict(ckpt["scaler"])
         self.state = TrainState(**ckpt["progress"])
         self.init_from = ckpt.get("init_from", self.init_from)
-        set_rng_state(ckpt["rng"][min(self.rank, len(ckpt["rng"]) - 1)])
+        if self.rank < len(ckpt["rng"]):  # a rank the run did not have keeps its own fresh seed
+            set_rng_state(ckpt["rng"][self.rank])
         if self.main:
             log.info(f"resumed from {self.ckpt_dir / 'last.pt'} at step {self.state.step}")
+            saved = ckpt["hardware"].get("world_size", len(ckpt["rng"]))
+            if saved != self.world:
+                log.warning(
+                    f"resumed with {self.world} process{'es' * (self.world > 1)} where the run had {saved}: an update now takes "
+                    f"{self.world}/{saved} of the tokens it took (max_tokens x accumulate x processes) and the "
+                    f"batches are shared out anew, so the run will not match one never interrupted"
+                )
+
+    def resume_command(self) -> str:
+        """The command that continues this run: under torchrun, torchrun with as many processes."""
+        command = f"-m translate train --config {self.run / 'config.yaml'} --resume"
+        if not self.distributed:
+            return f"translate train --config {self.run / 'config.yaml'} --resume"
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
+        nodes = f" on each of the {self.world // local} machines, as before" if local != self.world else ""
+        return f"torchrun --nproc_per_node {local} {command}{nodes}"
 
     def _take_lr(self, saved: float) -> None:
         """A run resumed with another peak lr (train.lr changed, or another precision's entry) goes on
@@ -522,8 +543,11 @@ class Trainer:
         if reason == "signal":
             self.close()
             name = signal.Signals(stopper.signum).name if stopper.signum else "signal"
-            resume = f"translate train --config {self.run / 'config.yaml'} --resume"
-            print(f"stopped by {name} at step {s.step}; checkpoint saved. Resume with: {resume}", file=sys.stderr)
+            if self.main:
+                print(
+                    f"stopped by {name} at step {s.step}; checkpoint saved. Resume with: {self.resume_command()}",
+                    file=sys.stderr,
+                )
             raise SystemExit(128 + (stopper.signum or signal.SIGINT))
         if self.main:
             log.info(f"training stopped: {reason}; best valid {t.best_metric} {s.best} at step {s.best_step}")

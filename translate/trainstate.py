@@ -150,15 +150,18 @@ def stop_reason(t: TrainConfig, state: TrainState, update: UpdateResult, trained
 
 
 class StopRequest:
-    """SIGINT/SIGTERM ask the loop to finish its update, save and exit."""
+    """SIGINT/SIGTERM ask the loop to finish its update, save and exit; a second SIGINT (Ctrl-C)
+    stops at once, a second SIGTERM changes nothing."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
         self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def handle(self, signum, frame) -> None:
-        if self.signum is not None:  # a second Ctrl-C: stop now
-            raise KeyboardInterrupt
+        if self.signum is not None:
+            if signum == signal.SIGINT:  # a second Ctrl-C: stop now
+                raise KeyboardInterrupt
+            return  # SIGTERM again (a job's kill reaches every process, and torchrun sends its own): saving wins
         self.signum = signum
 
     def restore(self) -> None:
