@@ -297,6 +297,8 @@ def test_a_directory_in_the_way_is_refused(checkpoints, tmp_path):
     assert [p.name for p in full.iterdir()] == ["keep.txt"]
     with pytest.raises(UserError, match="is not a directory"):
         export(post, "ctranslate2", full / "keep.txt")
+    with pytest.raises(UserError, match="cannot create /proc/no_such_dir: No such file or directory"):
+        export(post, "ctranslate2", "/proc/no_such_dir/out")  # a parent no one can make: one line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]  # nothing half-written
 
 

@@ -97,7 +97,12 @@ def export(
     model = Transformer(cfg.model, ckpt["vocab_size"])
     model.load_state_dict(ckpt["model"])
     model.eval()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # e.g. under /proc, or a name too long
+        raise UserError(
+            f"output directory {out_dir}: cannot create {out_dir.parent}: {os.strerror(e.errno or 0)}"
+        ) from None
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
         if to == "ctranslate2":

@@ -25,6 +25,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import signal
 import socket
 import time
@@ -255,7 +256,7 @@ def listen(host: str, port: int) -> socket.socket:
         # its headers, waits for the client's delayed ACK of them (Nagle): ~40 ms a request.
         return socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, fileno=sock.detach())
     except OSError as e:
-        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        raise UserError(f"cannot listen on {host}:{port}: {os.strerror(e.errno) if e.errno else e}") from None
 
 
 def serve(spec: EngineSpec, *, host: str = "127.0.0.1", port: int = 8080, log_text: bool = False) -> int:
@@ -306,10 +307,10 @@ def run_until_stopped(app, engine: TranslationEngine, sock: socket.socket) -> in
     engine.start()
     try:
         server.run(sockets=[sock])
-    finally:
+    finally:  # on Ctrl-C too, before `interrupted`
         engine.stop()
         signal.signal(signal.SIGTERM, previous)
         sock.close()
-    answered = app.state.answered()
-    log.info(f"stopped: answered {answered} request{'s' * (answered != 1)}")
+        answered = app.state.answered()
+        log.info(f"stopped: answered {answered} request{'s' * (answered != 1)}")
     return answered
