@@ -226,7 +226,9 @@ class Engine:
     ) -> Iterator[Translation]:
         """Each line's n-best list, in input order, lazily (decoding.translate_lines): `stream`
         translates whatever lines have arrived (stdin); `on_progress(n)` as n lines are done; the
-        terms of `glossary` come out as their targets."""
+        terms of `glossary` come out as their targets. A line is translated whole, its pieces cut to
+        what the models take (max_positions - 1); translator.translate_texts splits paragraphs and
+        documents into sentences first, as `translate decode` does."""
         return translate_lines(
             self.models, self.tokenizer, lines, self.search_options(options), batch_tokens=self.batch_tokens,
             device=self.device, stream=stream, workers=self.workers, on_progress=on_progress, protect=self.protect,
