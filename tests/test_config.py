@@ -121,3 +121,15 @@ def test_durations(text, seconds):
 def test_bad_durations_name_the_key(text):
     with pytest.raises(UserError, match="'train.max_time' expects a positive duration"):
         parse_duration(text)
+
+
+def test_an_empty_config_file_is_refused_and_configs_are_saved_whole(tmp_path):
+    """An empty file (a run's config.yaml cut short) must not start the default run elsewhere."""
+    empty = tmp_path / "config.yaml"
+    empty.write_text("")
+    with pytest.raises(UserError, match="the config is empty"):
+        load_config(empty)
+    (tmp_path / "defaults.yaml").write_text("{}\n")
+    assert load_config(tmp_path / "defaults.yaml") == Config()
+    save_config(Config(), empty, header="a header")
+    assert load_config(empty) == Config() and [p.name for p in tmp_path.iterdir() if p.suffix == ".tmp"] == []

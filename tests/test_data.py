@@ -326,3 +326,18 @@ def test_a_closed_prefetcher_lets_go_of_its_items_source():
     del holder
     gc.collect()
     assert not ahead.thread.is_alive() and ref() is None
+
+
+def test_a_meta_json_cut_short_is_prepared_again_not_a_traceback(tmp_path):
+    """meta.json marks the data prepared; one left empty (a disk that filled as it was written by
+    an earlier version) counts as not prepared, and the next prepare writes it whole."""
+    from translate.prepare import changed_sources, is_prepared
+
+    cfg = load_config(tiny_config(tmp_path), ["data.num_workers=0"])
+    prepare(cfg)
+    meta = cfg.run_path / "data" / "meta.json"
+    meta.write_text("")
+    assert not is_prepared(cfg) and changed_sources(cfg) == []
+    prepare(cfg)
+    assert is_prepared(cfg) and json.loads(meta.read_text())["fingerprint"]
+    assert not [p.name for p in meta.parent.iterdir() if p.name.endswith(".tmp")]

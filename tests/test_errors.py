@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -450,6 +451,28 @@ def test_ctrl_c_while_reading_stdin_is_one_line(trained_run):
     p.stdin.close()
 
 
+def test_sigterm_mid_output_is_one_line_and_leaves_the_old_output_whole(trained_run, tmp_path):
+    """SIGTERM (a `kill`, a batch system) cleans up as Ctrl-C does: exit 143, one line, the output
+    file that was there untouched and no temporary file left beside it."""
+    out = tmp_path / "out.fr"
+    out.write_text("mine\n")
+    p = subprocess.Popen(
+        [sys.executable, "-m", "translate", "decode", str(trained_run[0] / "checkpoints" / "best.pt"), "-o", str(out)],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    p.stdin.write(b"Hello.\n")
+    p.stdin.flush()
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".out.fr.*.tmp")) and time.monotonic() < deadline:  # writing its output
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=60) == 143
+    assert p.stderr.read().decode().strip() == "terminated"
+    assert out.read_text() == "mine\n" and sorted(q.name for q in tmp_path.iterdir()) == ["out.fr"]
+    p.stdin.close()
+
+
 @pytest.mark.skipif(not (sys.platform == "linux" and os.uname().machine == "x86_64"), reason="tgkill of x86-64 Linux")
 def test_ctrl_c_delivered_to_the_reader_thread_still_stops(trained_run):
     """The kernel may hand SIGINT to any thread; when the one blocked reading stdin gets it, the
@@ -506,6 +529,9 @@ def test_run_dir_that_cannot_be_created(cli, files):
 def test_run_mistake_through_the_console(files):
     result = run_cli("train", "--config", files.config, "--set", f"run_dir={files.two_en}", check=False)
     assert_one_error(result.returncode, result.stderr, "cannot create the run directory", files.two_en)
+    name = ["--set", f"run_dir={files.two_en.parent}", "--set", f"name={files.two_en.name}"]  # the run is a file
+    result = run_cli("train", "--config", files.config, *name, check=False)
+    assert_one_error(result.returncode, result.stderr, "is a file, not a directory", files.two_en)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
@@ -650,3 +676,17 @@ def test_a_script_ends_a_user_error_in_one_line(capsys):
     with pytest.raises(SystemExit) as stop:
         run_script(main)
     assert stop.value.code == 2 and capsys.readouterr().err == "error: config file not found: x.yaml\n"
+
+
+def test_a_directory_given_for_a_checkpoint_names_the_file_to_try(tmp_path):
+    import re
+
+    from translate.checkpoint import load_checkpoint
+    from translate.errors import UserError
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    with pytest.raises(UserError, match=re.escape(f"(try {run / 'checkpoints' / 'best.pt'})")):
+        load_checkpoint(run)
+    with pytest.raises(UserError, match=re.escape(f"(try {run / 'checkpoints' / 'best.pt'})")):
+        load_checkpoint(run / "checkpoints")

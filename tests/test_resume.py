@@ -166,3 +166,12 @@ def test_a_second_sigterm_changes_nothing_and_a_second_sigint_stops_at_once():
             signal.raise_signal(signal.SIGINT)
     finally:
         stopper.restore()
+
+
+def test_a_checkpoint_save_killed_midway_leaves_no_temp_file_after_resume(tmp_path):
+    cfg = tiny_config(tmp_path, name="stale", max_steps=2, save_every=1, eval_every=100)
+    run_cli("train", "--config", cfg)
+    stale = tmp_path / "runs" / "stale" / "checkpoints" / ".step_0000003.pt.x1y2z3.tmp"  # kill -9 mid-save
+    stale.write_bytes(b"partial")
+    run_cli("train", "--config", cfg, "--resume", "--set", "train.max_steps=3")
+    assert not stale.exists() and (stale.parent / "step_0000003.pt").is_file()

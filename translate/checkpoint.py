@@ -93,7 +93,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if not path.exists():
         raise UserError(f"checkpoint not found: {path}")
     if path.is_dir():
-        raise UserError(f"{path} is a directory, not a checkpoint (try {path}/checkpoints/best.pt)")
+        inside = path / "best.pt" if path.name == "checkpoints" else path / "checkpoints" / "best.pt"
+        raise UserError(f"{path} is a directory, not a checkpoint (try {inside})")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types here: zip, pickle, OS and runtime errors

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
@@ -139,13 +141,30 @@ def _load_cfg(config: Path, overrides: Optional[list[str]]):
     return load_config(config, overrides or [])
 
 
+class _LogFile(logging.FileHandler):
+    """A run's log file: a write that fails (a full disk) says so in one line, once, not a traceback
+    per message; the command goes on, and fails where its own writes fail."""
+
+    failed = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError) or (line := os_error_line(error)) is None:
+            return super().handleError(record)
+        if not self.failed:
+            self.failed = True
+            print(f"warning: cannot write the log file {self.baseFilename}: {line}", file=sys.stderr)
+
+
 def _log_to_file(path: Path) -> None:
+    if path.parent.exists() and not path.parent.is_dir():
+        raise UserError(f"the run directory {path.parent} (run_dir/name) is a file, not a directory")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create the run directory {path.parent} (run_dir/name): {e.strerror}") from None
     _close_log_files()  # one command's log file at a time, in-process callers included
-    handler = logging.FileHandler(path, encoding="utf-8")
+    handler = _LogFile(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     handler.setLevel(logging.DEBUG)
     logging.getLogger("translate").addHandler(handler)
@@ -157,7 +176,10 @@ def _close_log_files() -> None:
     logger = logging.getLogger("translate")
     for handler in [h for h in logger.handlers if isinstance(h, logging.FileHandler)]:
         logger.removeHandler(handler)
-        handler.close()
+        try:
+            handler.close()
+        except OSError:  # its last buffered lines on a full disk: the command has said what failed
+            pass
 
 
 def _keep_freed_memory() -> None:
@@ -589,10 +611,33 @@ def info(checkpoint: Checkpoint) -> None:
     typer.echo("config:\n" + yaml.safe_dump(ckpt["config"], sort_keys=False).rstrip())
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the command is, so that what it was writing is cleaned up as after Ctrl-C
+    (`train` and `serve` handle SIGTERM themselves while they run: they save, or drain)."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated
+
+
+def _thread_failed(args: threading.ExceptHookArgs) -> None:
+    """A helper thread's full disk (TensorBoard's writer, for one) in one line, not a traceback;
+    the command then fails where its own writes do."""
+    error = args.exc_value
+    if isinstance(error, OSError) and (line := os_error_line(error)) is not None:
+        name = args.thread.name if args.thread else "a thread"
+        print(f"error: {name}: {line}", file=sys.stderr)
+        return
+    threading.__excepthook__(args)
+
+
 def main() -> None:
     """One `error: ...` line and exit 2 for a user mistake (a bad option, a full disk ...),
-    one line and exit 130 after Ctrl-C; real bugs keep their traceback (docs/errors.md)."""
+    one line and exit 130 after Ctrl-C (143 after SIGTERM); real bugs keep their traceback
+    (docs/errors.md)."""
     _setup_logging()
+    signal.signal(signal.SIGTERM, _terminate)
+    threading.excepthook = _thread_failed
     try:
         code = app(standalone_mode=False)  # typer returns 130 after Ctrl-C
     except getattr(click_errors, "NoArgsIsHelpError", ()) as e:
@@ -615,10 +660,14 @@ def main() -> None:
         code = UserError.exit_code
     except KeyboardInterrupt:
         code = 130
+    except Terminated:
+        code = 143
     finally:
         _close_log_files()
     if code == 130:
         print("interrupted", file=sys.stderr)
+    elif code == 143:
+        print("terminated", file=sys.stderr)
     sys.exit(code or 0)
 
 

@@ -25,6 +25,7 @@ from translate.hardware import check_device_name
 from translate.options import CLI_NAMES, SearchOptions, at_least
 from translate.protect import CLASSES as PROTECT_CLASSES
 from translate.protect import check_classes
+from translate.textio import atomic_write
 
 
 @dataclass(frozen=True)
@@ -464,7 +465,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     if not path.is_file():
         raise UserError(f"config file not found: {path}")
     try:
-        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -472,6 +473,8 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise UserError(f"{path}:{where}: YAML syntax error: {problem}") from None
     except UnicodeDecodeError:
         raise UserError(f"{path}: not a UTF-8 text file") from None
+    if raw is None:  # a run's config.yaml cut short must not start the default run somewhere else
+        raise UserError(f"{path}: the config is empty (for every default, write {{}} in it)")
     if not isinstance(raw, dict):
         raise UserError(f"{path}: a config must be a mapping of keys, not {type(raw).__name__}")
     return config_from_dict(raw, overrides)
@@ -484,7 +487,8 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
 def save_config(cfg: Config, path: str | Path, header: str | None = None) -> None:
     """The resolved config as YAML, after an optional comment line (e.g. what train.amp auto chose)."""
     comment = f"# {header}\n" if header else ""
-    Path(path).write_text(comment + yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")
+    with atomic_write(path) as f:  # whole or not at all: `--resume` reads it
+        f.write(comment + yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
 
 def _deepcopy(raw: Any) -> Any:

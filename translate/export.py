@@ -73,6 +73,8 @@ def check_output_dir(out_dir: Path, force: bool, checkpoint: str | Path) -> None
     if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
         raise UserError(f"output directory {out_dir} exists and is not empty; choose another or pass --force")
     parent = next((p for p in out_dir.absolute().parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise UserError(f"output directory {out_dir}: {parent} is a file, not a directory")
     if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(f"output directory {out_dir}: directory not writable: {parent}")
 

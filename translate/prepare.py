@@ -21,6 +21,7 @@ import logging
 import multiprocessing
 import os
 import random
+import signal
 from collections import deque
 from collections.abc import Generator, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -38,6 +39,7 @@ from translate.data import TokenWriter, token_dtype
 from translate.errors import UserError
 from translate.protect import augment_pairs, has_placeholders, placeholder_symbols
 from translate.sources import open_source
+from translate.textio import atomic_write
 from translate.tokenizer import Tokenizer
 
 log = logging.getLogger("translate")
@@ -181,19 +183,27 @@ def source_sizes(cfg: Config) -> dict[str, int]:
 def changed_sources(cfg: Config) -> list[str]:
     """The source files that are gone or of another size since the run's data was prepared from them
     (nothing where the data was prepared by a version that did not record them)."""
-    meta = cfg.run_path / "data" / "meta.json"
-    then = json.loads(meta.read_text()).get("sources") if meta.is_file() else None
+    then = (read_meta(cfg) or {}).get("sources")
     if then is None:
         return []
     now = source_sizes(cfg)
     return sorted(path for path in then if then[path] != now.get(path))
 
 
+def read_meta(cfg: Config) -> dict | None:
+    """The run's data/meta.json, or None where there is none that can be read (a prepare that
+    never finished, a file cut short on a full disk)."""
+    try:
+        meta = json.loads((cfg.run_path / "data" / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
 def is_prepared(cfg: Config) -> bool:
-    meta = cfg.run_path / "data" / "meta.json"
-    if not meta.is_file() or not (cfg.run_path / "spm.model").is_file():
+    if not (cfg.run_path / "spm.model").is_file():
         return False
-    return json.loads(meta.read_text()).get("fingerprint") == fingerprint(cfg)
+    return (read_meta(cfg) or {}).get("fingerprint") == fingerprint(cfg)
 
 
 def _read_pairs(data_dir: Path, split: str, cfg: Config) -> Iterator[tuple[str, str]]:
@@ -316,6 +326,9 @@ _worker_sp: spm.SentencePieceProcessor | None = None
 
 def _start_worker(model_bytes: bytes) -> None:
     global _worker_sp
+    # Ctrl-C and a kill reach the whole process group: the parent stops the pool, its workers say nothing
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _worker_sp = spm.SentencePieceProcessor(model_proto=model_bytes)
 
 
@@ -417,7 +430,8 @@ def prepare(cfg: Config, force: bool = False) -> Path:
         "vocab_size": tok.vocab_size,
         "splits": stats,
     }
-    meta_path.write_text(json.dumps(meta, indent=2))
+    with atomic_write(meta_path) as f:  # last, and whole or not at all: it marks the data prepared
+        f.write(json.dumps(meta, indent=2))
     for split, s in stats.items():
         log.info(f"{split}: {s['pairs']:,} pairs, {s['src_tokens']:,} source and {s['tgt_tokens']:,} target pieces")
     return data_dir

@@ -86,7 +86,10 @@ class Tokenizer:
         return cls(model.getvalue())
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_bytes(self.model_bytes)
+        from translate.textio import atomic_write
+
+        with atomic_write(path, "wb") as f:  # a model that was there stays whole if this fails
+            f.write(self.model_bytes)
 
     @property
     def vocab_size(self) -> int:

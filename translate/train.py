@@ -234,6 +234,8 @@ class Trainer:
     def _write_header(self, cfg: Config) -> None:
         """Rank 0: the checkpoint directory, config.yaml, and what the run trains on."""
         self.ckpt_dir.mkdir(exist_ok=True)
+        for stale in self.ckpt_dir.glob(".*.tmp"):  # a save killed midway (kill -9): the run's lock is ours
+            stale.unlink(missing_ok=True)
         header = f"precision {self.precision}: train.amp {cfg.train.amp}, {self.amp_reason}"
         save_config(cfg, self.run / "config.yaml", header=header)
         log.info(f"amp {cfg.train.amp}: {self.amp_reason}")
