@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA GPU, in one run of under 8 minutes on one GPU, ending in one summary.
-# GPU_CHECK_OUT=$OUT bash scripts/gpu_check.sh is the device tool's command (timeout_s about 560).
 #
 #   bash scripts/gpu_check.sh            # run them (from the repository root, the project importable)
 #   bash scripts/gpu_check.sh --dry-run  # say what would run, run nothing
@@ -22,8 +21,8 @@
 # 6. the benchmark with torch.compile on (last: its graphs take longest to build).
 # The steps run in that order, the most wanted figures first, under one deadline
 # ($GPU_CHECK_BUDGET seconds, default 480): each step's time cap is its own or what is left,
-# whichever is less, and a step with under 20 s left is skipped. So run it on a device with
-# GPU_CHECK_OUT=$OUT and a command limit a minute above the budget.
+# whichever is less, and a step with under 20 s left is skipped: give the whole script a minute
+# more than the budget wherever its time is limited.
 # The summary lands in $GPU_CHECK_OUT/summary.txt (default gpu_check/), each step's whole log
 # beside it; the synthetic data and the scratch runs in $GPU_CHECK_WORK (default /tmp/gpu_check;
 # its runs are removed first, so that a second run measures afresh).
