@@ -10,6 +10,7 @@ from translate.engine import Engine, EngineSpec, first_best
 from translate.errors import UserError
 from translate.options import ServingLimits
 from translate.pool import ProcessEngine, open_engine, resolve_spec
+from translate.translator import sentence_budget, translate_texts
 
 
 def test_processes_answer_as_the_engine_does(tiny_checkpoint):
@@ -20,6 +21,15 @@ def test_processes_answer_as_the_engine_does(tiny_checkpoint):
     try:
         pool.start()
         assert pool.defaults == local.defaults
+        # a sentence too long for the models is cut into parts as in-process (decode), not truncated
+        n = 1
+        while len(local.tokenizer.encode([" ".join([LINES[0].rstrip(".")] * n)])[0]) <= local.max_pieces:
+            n += 1
+        long = " ".join([LINES[0].rstrip(".")] * n) + "."  # just over the limit: a few parts (max_queue 8)
+        budget, pool_budget = sentence_budget(local), sentence_budget(pool)
+        assert pool_budget["max_tokens"] == budget["max_tokens"] == local.max_pieces
+        assert pool_budget["count_tokens"](long) == budget["count_tokens"](long)
+        assert translate_texts(pool, [long], submit=True) == translate_texts(local, [long])
         futures = [pool.submit([line, ""]) for line in LINES[:4]]
         assert [first_best(f.result(timeout=120)) for f in futures] == [
             first_best(local.translate([line, ""])) for line in LINES[:4]

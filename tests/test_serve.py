@@ -399,8 +399,12 @@ def test_in_process_answers_are_the_engines_translations(tiny_engine):
     nbest = list(tiny_engine.translate(texts[:1], tiny_engine.defaults.given(nbest=2)))[0]
     assert response.json()["translation"] == [text for text, _ in nbest]
     assert response.json()["scores"] == pytest.approx([round(s, 4) for _, s in nbest], abs=1e-3)
+    two = "the cat sees a bird. the dog runs."  # "nbest": 1 given: the line whole, with its real score
+    whole = list(tiny_engine.translate([two]))[0]
+    response = client.post("/translate", json={"text": two, "nbest": 1}).json()
+    assert response["translation"] == [whole[0][0]] and response["scores"] == [pytest.approx(whole[0][1], abs=1e-3)]
     health = client.get("/health").json()
-    assert health == {"status": "ok", "queued": 0, "answered": 2, "device": "test"}
+    assert health == {"status": "ok", "queued": 0, "answered": 3, "device": "test"}
 
 
 @pytest.mark.parametrize(
@@ -462,3 +466,6 @@ def test_in_process_unknown_paths_and_methods_are_json():
     client = client_of(StubEngine())
     assert client.get("/nope").status_code == 404 and "error" in client.get("/nope").json()
     assert client.get("/translate").status_code == 405 and "error" in client.get("/translate").json()
+    assert client.get("/translate").headers["allow"] == "POST"  # what HTTP requires of a 405
+    slash = client.post("/translate/", json={"text": "a"}, follow_redirects=False)
+    assert slash.status_code == 404 and "error" in slash.json()  # another path, not a redirect

@@ -50,7 +50,9 @@ def check_room(queued: int, n: int, max_queue: int, gone: str | None) -> None:
     if n > max_queue:
         raise TooManySentences(f"{n} sentences in one request; at most {max_queue} (--max-queue)")
     if queued + n > max_queue:
-        raise QueueFull(f"server busy: {queued} sentences queued (--max-queue {max_queue}); retry later")
+        raise QueueFull(
+            f"server busy: {queued} sentences queued and these {n} would pass --max-queue {max_queue}; retry later"
+        )
 
 
 @dataclass(eq=False)  # a job is itself, hashable: requests failing together are gathered in a dict

@@ -55,6 +55,8 @@ class TranslationEngine(Protocol):
     """What holders of an engine use: `Engine` (in this process) and `pool.ProcessEngine`."""
 
     defaults: SearchOptions  # the search options of a call that gives none
+    tokenizer: Tokenizer  # the models' vocabulary (segment.py counts a sentence's pieces in it)
+    max_pieces: int  # source pieces the models take
 
     @property
     def queued(self) -> int:

@@ -9,7 +9,7 @@ outstanding, and a reader thread per process answers the futures. A process that
 requests it held; the others go on. `open_engine` chooses between it and an in-process `Engine`.
 
 The pipe protocol, parent to process: ("job", id, texts, options), ("hurry",), ("stop",); process to
-parent: ("ready", defaults) or ("failed", message) once loaded, then ("taken", n), ("done", id,
+parent: ("ready", defaults, max source pieces, the vocabulary's bytes) or ("failed", message) once loaded, then ("taken", n), ("done", id,
 translations), ("failed", id, message), and ("stopped",) last.
 """
 
@@ -34,6 +34,7 @@ from translate.inference import keep_freed_memory
 from translate.options import SearchOptions
 from translate.protect import Terms
 from translate.textio import Translation
+from translate.tokenizer import Tokenizer
 
 log = logging.getLogger("translate")
 
@@ -80,6 +81,9 @@ class ProcessEngine:
             self.stop()
             raise UserError(failed[0])
         self.defaults: SearchOptions = replies[0][1]  # the search defaults, as every process has them
+        # what segment.py needs to cut a sentence too long for the models, as `decode` does
+        self.max_pieces: int = replies[0][2]
+        self.tokenizer = Tokenizer(replies[0][3])
         self.outstanding = [0] * spec.workers  # sentences sent to each process and not answered
         self.waiting = [0] * spec.workers  # of those, the ones not yet taken into its search
         self.futures: dict[int, tuple[Future, int, int]] = {}  # request id -> (future, process, sentences)
@@ -231,7 +235,7 @@ def decoding_process(conn, spec: EngineSpec) -> None:
         on_take=lambda n: send(("taken", n)),
     )  # fmt: skip
     batcher.start()
-    send(("ready", engine.defaults))
+    send(("ready", engine.defaults, engine.max_pieces, engine.tokenizer.model_bytes))
 
     def answer(id: int, future: Future) -> None:
         e = future.exception()

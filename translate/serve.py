@@ -57,13 +57,13 @@ class TranslateRequest:
     search: SearchOptions
     with_nbest: bool  # "nbest" was given: the answer has a list per text and scores
     format: str = "text"  # text | html | markdown (documents.py)
-    split: bool = True  # a text's sentences translated apart (format text, nbest 1)
+    split: bool = True  # a text's sentences translated apart (format text, no "nbest" given)
     glossary: Glossary | None = None
 
     @property
     def whole(self) -> bool:
         """Each text translated as one sentence by the engine (no splitting, no document)."""
-        return self.format == "text" and (not self.split or self.search.nbest > 1)
+        return self.format == "text" and (not self.split or self.with_nbest)
 
 
 class RequestError(Exception):
@@ -230,7 +230,9 @@ def create_app(engine: TranslationEngine, limits: ServingLimits, *, log_text: bo
         return JSONResponse({"status": "ok", "queued": engine.queued, "answered": answered, **(info or {})})
 
     async def http_error(request, exc: HTTPException) -> JSONResponse:
-        return error(exc.status_code, exc.detail)
+        response = error(exc.status_code, exc.detail)
+        response.headers.update(getattr(exc, "headers", None) or {})  # 405's Allow
+        return response
 
     app = Starlette(
         routes=[
@@ -240,6 +242,7 @@ def create_app(engine: TranslationEngine, limits: ServingLimits, *, log_text: bo
         ],
         exception_handlers={HTTPException: http_error},
     )
+    app.router.redirect_slashes = False  # /translate/ is another path (404), not a redirect
     app.state.answered = lambda: answered
     return app
 

@@ -36,10 +36,10 @@ from translate.textio import (
 
 def sentence_budget(engine: TranslationEngine) -> dict:
     """How segment.py cuts a sentence too long for the models: their source positions, counted in
-    the engine's pieces (nothing where the engine's tokenizer is in other processes)."""
-    if not isinstance(engine, Engine):
+    the engine's pieces (an Engine's, or a ProcessEngine's copy of its processes' vocabulary)."""
+    tokenizer = getattr(engine, "tokenizer", None)
+    if tokenizer is None:
         return {}
-    tokenizer = engine.tokenizer
     return {"max_tokens": engine.max_pieces, "count_tokens": lambda s: len(tokenizer.encode([s])[0])}
 
 
