@@ -6,7 +6,7 @@
 #
 # 0. preflight: CUDA usable and every package the steps import (else one line and stop);
 # 1. synthetic sentences for a vocabulary of 32,000 pieces (scripts/make_synthetic.py --lexicon:
-#    no hub needed; kept from an earlier run in the same $GPU_CHECK_WORK);
+#    no hub needed);
 # 2. `translate prepare` of configs/wmt14_base.yaml on them (the SentencePiece model, the encoded data);
 # 3. the steady-state training benchmark of that config (Transformer-base, bf16) on them: as
 #    configured (eager), then 6,250 tokens x 4 accumulated (the earlier batches), and each attention
@@ -67,10 +67,6 @@ CONFIG=(--config "${GPU_CHECK_CONFIG:-configs/wmt14_base.yaml}" "${DATA[@]}" --s
 BENCH_RUN=$WORK/runs/wmt14_base_bench   # bench_train.py's scratch run of the config (its name + _bench)
 TRAIN_RUN=$WORK/runs/wmt14_base_train
 synthetic() {
-    if [ -s "$WORK/syn/train.en" ] && [ -s "$WORK/syn/train.fr" ]; then
-        echo "kept from an earlier run: $WORK/syn/train.{en,fr}"
-        return 0
-    fi
     capped 60 $PY scripts/make_synthetic.py "${GPU_CHECK_SENTENCES:-300000}" "$WORK/syn/train" --lexicon 60000  # 10-25 s
 }
 prepare() {  # once: the benchmark's run directory; the training gets a copy of its data

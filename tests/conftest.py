@@ -2,8 +2,10 @@ import dataclasses
 import logging
 import os
 import random
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,8 @@ def run_main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, *ar
     logger = logging.getLogger("translate")
     handlers, level = list(logger.handlers), logger.level
     monkeypatch.setattr(sys, "argv", ["translate", *map(str, args)])
+    monkeypatch.setattr(threading, "excepthook", threading.excepthook)  # main sets its own: undone after
+    sigterm = signal.getsignal(signal.SIGTERM)
     capsys.readouterr()
     try:
         with pytest.raises(SystemExit) as stop:
@@ -47,6 +51,7 @@ def run_main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, *ar
             handler.close()
         logger.handlers[:] = handlers
         logger.setLevel(level)
+        signal.signal(signal.SIGTERM, sigterm)
     out, err = capsys.readouterr()
     return stop.value.code, out, err
 

@@ -157,6 +157,7 @@ def test_a_second_sigterm_changes_nothing_and_a_second_sigint_stops_at_once():
     the update finishing and the checkpoint win. A second Ctrl-C still stops at once."""
     from translate.trainstate import StopRequest
 
+    previous = signal.getsignal(signal.SIGTERM)
     stopper = StopRequest()
     try:
         signal.raise_signal(signal.SIGTERM)
@@ -166,12 +167,18 @@ def test_a_second_sigterm_changes_nothing_and_a_second_sigint_stops_at_once():
             signal.raise_signal(signal.SIGINT)
     finally:
         stopper.restore()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # stopping: a later SIGTERM cannot cut the exit
+    signal.signal(signal.SIGTERM, previous)
 
 
-def test_a_checkpoint_save_killed_midway_leaves_no_temp_file_after_resume(tmp_path):
+def test_a_save_killed_midway_leaves_no_temp_file_and_an_older_checkpoint_resumes(tmp_path):
     cfg = tiny_config(tmp_path, name="stale", max_steps=2, save_every=1, eval_every=100)
     run_cli("train", "--config", cfg)
     stale = tmp_path / "runs" / "stale" / "checkpoints" / ".step_0000003.pt.x1y2z3.tmp"  # kill -9 mid-save
     stale.write_bytes(b"partial")
+    last = stale.parent / "last.pt"
+    old = torch.load(last, weights_only=True)
+    del old["hardware"]  # as checkpoints of earlier versions, which resume all the same
+    torch.save(old, last)
     run_cli("train", "--config", cfg, "--resume", "--set", "train.max_steps=3")
     assert not stale.exists() and (stale.parent / "step_0000003.pt").is_file()

@@ -73,3 +73,21 @@ def test_a_replaced_file_keeps_its_permissions_and_a_read_only_one_is_refused(tm
     with pytest.raises(UserError, match="locked.fr is read-only"):
         write_translations([[("new", 0.0)]], locked)
     assert locked.read_text() == "keep\n" and sorted(p.name for p in tmp_path.iterdir()) == ["locked.fr", "private.fr"]
+
+
+def test_atomic_path_replaces_whole_or_not_at_all(tmp_path):
+    from translate.textio import atomic_path
+
+    target = tmp_path / "curves.png"
+    target.write_bytes(b"old picture")
+    target.chmod(0o640)
+    with pytest.raises(RuntimeError):
+        with atomic_path(target) as tmp:
+            assert tmp.suffix == ".png" and tmp.parent == tmp_path  # a writer may go by the suffix
+            tmp.write_bytes(b"half")
+            raise RuntimeError("the writer failed")
+    assert target.read_bytes() == b"old picture" and len(list(tmp_path.iterdir())) == 1
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(b"new picture")
+    assert target.read_bytes() == b"new picture" and (target.stat().st_mode & 0o777) == 0o640
+    assert len(list(tmp_path.iterdir())) == 1

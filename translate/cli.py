@@ -617,6 +617,7 @@ class Terminated(BaseException):
 
 
 def _terminate(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: another SIGTERM (torchrun's, after a job's kill) waits
     raise Terminated
 
 

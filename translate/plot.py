@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from translate.decoding import max_source_pieces
 from translate.errors import UserError
 from translate.model import Transformer
-from translate.textio import atomic_write, check_output_path
+from translate.textio import atomic_path, check_output_path
 from translate.tokenizer import (
     BOS,
     EOS,
@@ -268,8 +268,8 @@ def save_figure(fig, output: str | Path, dpi: int = 150) -> None:
     if kind not in fig.canvas.get_supported_filetypes():
         known = ", ".join(sorted(fig.canvas.get_supported_filetypes()))
         raise UserError(f"{output}: the file name must end in a picture format such as .png ({known})")
-    with atomic_write(output, "wb") as f:  # a picture that was there stays whole if this fails
-        fig.savefig(f, dpi=dpi, format=kind)
+    with atomic_path(output) as tmp:  # a picture that was there stays whole if this fails
+        fig.savefig(tmp, dpi=dpi, format=kind)
 
 
 def plot_curves(runs: Sequence[str | Path], output: str | Path) -> None:

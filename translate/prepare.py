@@ -326,9 +326,10 @@ _worker_sp: spm.SentencePieceProcessor | None = None
 
 def _start_worker(model_bytes: bytes) -> None:
     global _worker_sp
-    # Ctrl-C and a kill reach the whole process group: the parent stops the pool, its workers say nothing
+    # Ctrl-C reaches the whole process group: the parent stops the pool, its workers say nothing; a
+    # SIGTERM ends a worker quietly (forked, it would otherwise run the command's handler)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _worker_sp = spm.SentencePieceProcessor(model_proto=model_bytes)
 
 

@@ -158,6 +158,30 @@ def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
         raise
 
 
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """atomic_write for a writer that wants a file name (matplotlib's PGF writes its images beside
+    it): a temporary path in the same directory, with `path`'s suffix, renamed over `path` (with the
+    permissions of the file it replaces, or a new file's) if the block succeeds; on any error it is
+    removed and the file at `path` is left as it was."""
+    path = Path(path)
+    try:
+        permissions = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        permissions = 0o666 & ~UMASK
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, permissions)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def write_text(path: str | Path, text: str, what: str = "--output") -> None:
     """Write `text` to the file `path` (checked, atomic)."""
     with atomic_write(check_output_path(path, what)) as f:

@@ -293,7 +293,7 @@ class Trainer:
             set_rng_state(ckpt["rng"][self.rank])
         if self.main:
             log.info(f"resumed from {self.ckpt_dir / 'last.pt'} at step {self.state.step}")
-            saved = ckpt["hardware"].get("world_size", len(ckpt["rng"]))
+            saved = ckpt.get("hardware", {}).get("world_size", len(ckpt["rng"]))
             if saved != self.world:
                 log.warning(
                     f"resumed with {self.world} process{'es' * (self.world > 1)} where the run had {saved}: an update now takes "

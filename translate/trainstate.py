@@ -167,3 +167,5 @@ class StopRequest:
     def restore(self) -> None:
         for s, handler in self.previous.items():
             signal.signal(s, handler)
+        if self.signum is not None:  # stopping: a later SIGTERM must not cut the exit short
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
