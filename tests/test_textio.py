@@ -82,7 +82,7 @@ def test_atomic_path_replaces_whole_or_not_at_all(tmp_path):
     target.write_bytes(b"old picture")
     target.chmod(0o640)
     with pytest.raises(RuntimeError):
-        with atomic_path(target) as tmp:
+        with atomic_path(target, suffix=".tmp.png") as tmp:
             assert tmp.suffix == ".png" and tmp.parent == tmp_path  # a writer may go by the suffix
             tmp.write_bytes(b"half")
             raise RuntimeError("the writer failed")

@@ -268,7 +268,9 @@ def save_figure(fig, output: str | Path, dpi: int = 150) -> None:
     if kind not in fig.canvas.get_supported_filetypes():
         known = ", ".join(sorted(fig.canvas.get_supported_filetypes()))
         raise UserError(f"{output}: the file name must end in a picture format such as .png ({known})")
-    with atomic_path(output) as tmp:  # a picture that was there stays whole if this fails
+    with atomic_path(
+        output, suffix=f".tmp{output.suffix}"
+    ) as tmp:  # a picture that was there stays whole if this fails
         fig.savefig(tmp, dpi=dpi, format=kind)
 
 

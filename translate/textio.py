@@ -135,41 +135,18 @@ UMASK = _read_umask()  # the permissions atomic_write gives a new file: 0o666 & 
 
 
 @contextmanager
-def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
-    """A file object for `path` that lands there only if the block succeeds: it writes a temporary
-    file in the same directory, fsyncs it, gives it the permissions of the file it replaces (a new
-    file: the umask's), and renames it over `path`; on any error the temporary file is removed and
-    the file that was at `path` is left as it was."""
+def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
+    """A temporary path in `path`'s directory (named .NAME.XXXX`suffix`; a writer that goes by the
+    suffix, as matplotlib does, gets one ending in `path`'s) that lands at `path` only if the block
+    succeeds: it is fsynced, given the permissions of the file it replaces (a new file: the
+    umask's) and renamed over `path`; on any error it is removed and the file that was at `path`
+    is left as it was."""
     path = Path(path)
     try:
         permissions = stat.S_IMODE(os.stat(path).st_mode)
     except OSError:  # no file there yet (or none we can see): a new file's
         permissions = 0o666 & ~UMASK
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": "\n"})) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, permissions)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-@contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
-    """atomic_write for a writer that wants a file name (matplotlib's PGF writes its images beside
-    it): a temporary path in the same directory, with `path`'s suffix, renamed over `path` (with the
-    permissions of the file it replaces, or a new file's) if the block succeeds; on any error it is
-    removed and the file at `path` is left as it was."""
-    path = Path(path)
-    try:
-        permissions = stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
-        permissions = 0o666 & ~UMASK
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
     os.close(fd)
     try:
         yield Path(tmp)
@@ -180,6 +157,16 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
+    """A file object for `path` that lands there only if the block succeeds (atomic_path)."""
+    with (
+        atomic_path(path) as tmp,
+        open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": "\n"})) as f,
+    ):
+        yield f
 
 
 def write_text(path: str | Path, text: str, what: str = "--output") -> None:
