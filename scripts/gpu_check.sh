@@ -120,8 +120,8 @@ for step in "${steps[@]}"; do
     $step >"$SUMMARY_DIR/$step.log" 2>&1
     code=$?
     [ $code -eq 0 ] || status=1
-    # the step's closing lines: test counts, or the benchmark's table
-    grep -v "Warning\|warn(" "$SUMMARY_DIR/$step.log" | tail -n 14 | tee -a "$SUMMARY_DIR/summary.txt"
+    # the step's closing lines: test counts, or the benchmark's table (of a progress bar, its last state)
+    sed 's/.*\r//' "$SUMMARY_DIR/$step.log" | grep -v "Warning\|warn(" | tail -n 14 | tee -a "$SUMMARY_DIR/summary.txt"
     echo "-- exit $code, $(($(date +%s) - start)) s" | tee -a "$SUMMARY_DIR/summary.txt"
     if [ "$step" = preflight ] && [ $code -ne 0 ]; then
         echo "stopped: the preflight failed, no other step can run" | tee -a "$SUMMARY_DIR/summary.txt"
