@@ -25,7 +25,7 @@ import pytest
 import torch
 from conftest import FIXTURES, run_cli, run_main, tiny_config
 
-from translate.checkpoint import CHECKPOINT_FORMAT
+from translate.checkpoint import CHECKPOINT_FORMAT, load_checkpoint
 
 # ---------------------------------------------------------------------------- helpers
 
@@ -279,14 +279,23 @@ def test_average_mistakes(cli, trained_run, broken, tmp_path):
     ckpts = run / "checkpoints"
     before = snapshot(run)
     out = tmp_path / "avg.pt"
+    step_4 = ckpts / "step_0000004.pt"
+    twin = tmp_path / "twin.pt"  # another name of an input's file (as last.pt is of the newest step's)
+    os.link(step_4, twin)
+    heads = tmp_path / "heads.pt"  # weights of the same shapes, another model
+    ckpt = load_checkpoint(step_4)
+    ckpt["config"]["model"]["n_heads"] *= 2
+    torch.save(ckpt, heads)
     cases = [
         (["average", ckpts / "best.pt", "-o", out], ["at least two checkpoints"]),
+        (["average", step_4, ckpts / "last.pt", "-o", twin], ["twin.pt", "one of the input files"]),
+        (["average", step_4, heads, "-o", out], ["heads.pt", "model.n_heads", "one model"]),
         (["average", ckpts / "best.pt", broken.text, "-o", out], ["text.pt", "not a checkpoint"]),
         (["average", ckpts / "best.pt", broken.shapes, "-o", out], ["shapes.pt", "has shape"]),
         (["average", "--last", "0", "--run", run, "-o", out], ["--last must be at least 2"]),
         (["average", "--last", "9", "--run", run, "-o", out], ["fewer than --last 9"]),
         (["average", "--last", "2", "--run", run, "-o", tmp_path / "no" / "avg.pt"], ["directory", "does not exist"]),
-        (["average", ckpts / "step_0000004.pt", ckpts / "last.pt", "-o", ckpts / "last.pt"], ["one of the inputs"]),
+        (["average", step_4, ckpts / "last.pt", "-o", ckpts / "last.pt"], ["one of the input files"]),
         (["average", "--last", "2", "--run", run, ckpts / "best.pt", "-o", out], ["either checkpoints or --last"]),
         (["average", "--last", "2", "--run", tmp_path / "nope", "-o", out], ["nope", "not a run directory"]),
         (["average", ckpts / "best.pt", ckpts / "last.pt", "--run", run, "-o", out], ["--run goes with --last"]),

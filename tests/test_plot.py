@@ -14,6 +14,7 @@ from translate.checkpoint import load_model
 from translate.cli import app
 from translate.errors import UserError
 from translate.plot import (
+    MAX_HEATMAPS_INCHES,
     attention_figure,
     attention_maps,
     cross_attention,
@@ -71,6 +72,9 @@ def test_heatmap_grids_have_a_panel_per_head_and_grow_with_the_sentence():
     large = figure_to_array(attention_figure(rng.random((20, 15)), cols * 2 + ["x"], rows * 2 + ["y", "z"]))
     assert small.dtype == np.uint8 and small.shape[2] == 3
     assert large.shape[0] > small.shape[0] and large.shape[1] > small.shape[1]
+    many = [f"▁p{i}" for i in range(600)]  # a long sentence: smaller cells, a figure of bounded size
+    width, height = attention_figure(rng.random((600, 600)), many, many).get_size_inches()
+    assert max(width, height) < MAX_HEATMAPS_INCHES + 6
 
 
 def test_sample_indices_are_fixed_and_readable(trained_run):
@@ -123,6 +127,8 @@ def test_attention_command_all_heads_and_self_attention(trained_run, tmp_path):
     ]:
         result = runner.invoke(app, ["attention", ckpt, SENTENCE, "--beam", "1", *options])
         assert isinstance(result.exception, UserError) and message in str(result.exception), options
+    result = runner.invoke(app, ["attention", ckpt, "light " * 2000, "-o", str(tmp_path / "long.png")])
+    assert isinstance(result.exception, UserError) and "more than the model reads at once" in str(result.exception)
     assert not (tmp_path / "a.txt").exists()
 
 

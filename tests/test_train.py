@@ -2,6 +2,7 @@
 
 import logging
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -349,6 +350,29 @@ def test_average_of_identical_checkpoints_is_identity(trained_run, tmp_path):
     run_cli("average", last, step_4, "-o", avg)  # the newest first: the average says its step, no input's scores
     averaged, newest = load_checkpoint(avg), load_checkpoint(last)
     assert averaged["step"] == newest["step"] > load_checkpoint(step_4)["step"] and "metrics" not in averaged
+    assert averaged["averaged_from"] == [
+        f"{last.absolute()} (step {newest['step']})",
+        f"{step_4} (step {load_checkpoint(step_4)['step']})",
+    ]
+
+    tuned = load_checkpoint(step_4)  # a length penalty chosen for step 4's weights is not the average's
+    tuned["config"]["decode"]["length_penalty"] = 3.0
+    tuned["tune_length_penalty"] = {"chosen": 3.0, "before": 0.7, "bleu": {3.0: 1.0}, "beam_size": 2, "lines": 1}
+    torch.save(tuned, tmp_path / "tuned.pt")
+    run_cli("average", tmp_path / "tuned.pt", last, "-o", avg)
+    averaged = load_checkpoint(avg)
+    assert averaged["config"]["decode"]["length_penalty"] == 0.7 and "tune_length_penalty" not in averaged
+
+    resumable = tmp_path / "resumable"
+    shutil.copytree(run, resumable / run.name)
+    os.replace(avg, resumable / run.name / "checkpoints" / "last.pt")  # an average where last.pt was
+    result = run_cli(
+        "train", "--config", resumable / run.name / "config.yaml", "--set", f"run_dir={resumable}", "--resume",
+        check=False,
+    )  # fmt: skip
+    error = [line for line in result.stderr.splitlines() if "error" in line.lower() or "Traceback" in line]
+    assert result.returncode == 2 and len(error) == 1 and error[0].startswith("error: cannot resume")
+    assert "an average of checkpoints" in error[0]
 
 
 def test_checkpoint_format_and_foreign_files_are_refused(trained_run, tmp_path, monkeypatch, capsys):

@@ -58,6 +58,19 @@ def test_write_choice_updates_the_file_and_its_other_names_only(model, tokenizer
     assert Engine.load(EngineSpec([tmp_path / "last.pt"], device="cpu")).defaults.length_penalty == 1.0
 
 
+def test_write_choice_writes_through_a_link_and_passes_over_broken_ones(model, tokenizer, tmp_path):
+    real = tmp_path / "run" / "best.pt"
+    real.parent.mkdir()
+    save_checkpoint(model, tokenizer, real, length_penalty=0.6, beam_size=2)
+    (real.parent / "gone.pt").symlink_to("step_0000001.pt")  # a link to a checkpoint deleted since
+    link = tmp_path / "mine.pt"
+    link.symlink_to(real)
+    choice = Choice(chosen=1.0, before=0.6, bleu={0.6: 10.0, 1.0: 11.0}, beam_size=2, lines=3)
+    assert write_choice(link, choice) == [real]
+    assert link.is_symlink() and link.samefile(real)  # still the link; the file it names is tuned
+    assert load_checkpoint(real)["config"]["decode"]["length_penalty"] == 1.0
+
+
 def test_tune_command_writes_the_choice_that_decoding_then_takes(
     checkpoint, trained_run, tmp_path, monkeypatch, capsys
 ):
@@ -83,8 +96,11 @@ def test_tune_command_writes_the_choice_that_decoding_then_takes(
     short = tmp_path / "short.fr"
     short.write_text("Une ligne.\n", encoding="utf-8")
     for bad, message in (
-        (["--ref", valid[1], "--lenpen", "-1"], "length penalty must be >= 0"),
-        (["--ref", valid[1], "--lenpen", "1.0", "--lenpen", "nan"], "length penalty must be >= 0, got nan"),
+        (["--ref", valid[1], "--lenpen", "-1"], "length penalty must be a finite number >= 0"),
+        (
+            ["--ref", valid[1], "--lenpen", "1.0", "--lenpen", "nan"],
+            "length penalty must be a finite number >= 0, got nan",
+        ),
         (["--ref", short], "they must match"),
     ):
         code, _, err = run_main(monkeypatch, capsys, "tune", ckpt, "--src", valid[0], *bad)

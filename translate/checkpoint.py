@@ -191,19 +191,31 @@ def prune(ckpt_dir: Path, keep_last: int) -> None:
         old.unlink(missing_ok=True)
 
 
+# the model settings that make two checkpoints' weights mean the same thing (dropout and init do not)
+ARCHITECTURE = ("d_model", "n_heads", "d_ff", "encoder_layers", "decoder_layers", "norm", "tie_embeddings")
+
+
 def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
-    """Average the weights of several checkpoints of the same model; the result decodes like any."""
+    """Average the weights of several checkpoints of the same model; the result decodes like any.
+    It keeps the first input's config, with the length penalty it had before `translate tune` chose
+    one for that input's weights, and no scores."""
     if not paths:
         raise UserError("no checkpoints to average")
     first = load_checkpoint(paths[0])
     total = {k: v.double() for k, v in first["model"].items()}
     newest = {k: first[k] for k in ("step", "epoch") if k in first}
+    inputs = [f"{Path(paths[0]).absolute()} (step {first.get('step')})"]
     for path in paths[1:]:
         ckpt = load_checkpoint(path)
+        inputs.append(f"{Path(path).absolute()} (step {ckpt.get('step')})")
         if (ckpt.get("step") or 0) > (newest.get("step") or 0):
             newest = {k: ckpt[k] for k in ("step", "epoch") if k in ckpt}
         if ckpt["spm_model"] != first["spm_model"] or ckpt["model"].keys() != total.keys():
             raise UserError(f"{path}: another model or vocabulary than {paths[0]}; only checkpoints of one run average")
+        for key in ARCHITECTURE:  # those the weights' shapes do not show (n_heads, norm)
+            a, b = first["config"]["model"].get(key), ckpt["config"]["model"].get(key)
+            if a != b:
+                raise UserError(f"{path}: model.{key} {b}, {paths[0]} has {a}; only checkpoints of one model average")
         for k, v in ckpt["model"].items():
             if v.shape != total[k].shape:
                 raise UserError(
@@ -214,5 +226,7 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     keep = ("format", "versions", "config", "vocab_size", "spm_model")
     averaged = {k: first[k] for k in keep if k in first}
     averaged.update(newest)  # the newest input's step and epoch; no scores: an input's are not the average's
-    averaged.update(model=model, averaged_from=[str(p) for p in paths], versions=versions())
+    averaged.update(model=model, averaged_from=inputs, versions=versions())
+    if first.get("tune_length_penalty"):  # chosen for the first input's weights, not these: the value before it
+        averaged["config"]["decode"]["length_penalty"] = first["tune_length_penalty"]["before"]
     return averaged

@@ -438,6 +438,7 @@ def average(
 ) -> None:
     """Average the weights of several checkpoints (often better than any one of them)."""
     from translate.checkpoint import atomic_save, average_checkpoints, step_checkpoints
+    from translate.textio import check_output_path
 
     if last is not None:
         if run is None:
@@ -457,8 +458,7 @@ def average(
         paths = list(checkpoints or [])
     if len(paths) < 2:
         raise UserError("average needs at least two checkpoints (or --last N --run RUN_DIR/NAME)")
-    if output.resolve() in {p.resolve() for p in paths}:
-        raise UserError(f"--output {output} is one of the inputs; choose another file")
+    check_output_path(output, "--output", paths)  # before the inputs are read: a mistake costs no time
     atomic_save(average_checkpoints(paths), output)
     typer.echo(f"averaged {len(paths)} checkpoints into {output}")
 

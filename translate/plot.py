@@ -61,6 +61,8 @@ def _heatmaps(
     P, R, C = weights.shape
     ncols = min(P, 4)
     nrows = math.ceil(P / ncols)
+    shrink = min(1.0, MAX_HEATMAPS_INCHES / (cell * max(ncols * C, nrows * R, 1)))  # long sentences: smaller cells
+    cell, fontsize = cell * shrink, max(1.0, fontsize * shrink)
     char = 0.6 * fontsize / 72  # inches per character, about
     left = char * max(map(len, row_pieces), default=1) + 0.45
     bottom = char * max(map(len, col_pieces), default=1) + 0.45
@@ -96,6 +98,9 @@ def _heatmaps(
     cax = fig.add_axes([1 - 0.8 / width, bottom / height, 0.15 / width, 1 - (bottom + top) / height])
     fig.colorbar(image, cax=cax)
     return fig
+
+
+MAX_HEATMAPS_INCHES = 40.0  # the cells of a figure of heatmaps, at most, each way (6,000 pixels at 150 dpi)
 
 
 def attention_figure(
@@ -232,7 +237,8 @@ def curves_figure(runs: Sequence[str | Path], labels: Sequence[str] | None = Non
         raise UserError("give at least one run directory")
     data = [read_scalars(run) for run in runs]
     if labels is None:
-        names = [Path(run).resolve().name for run in runs]
+        dirs = [event_dir(run).resolve() for run in runs]
+        names = [(d.parent if d.name == "tb" else d).name for d in dirs]  # RUN/tb is RUN's curves
         labels = [n if names.count(n) == 1 else str(run) for n, run in zip(names, runs)]
     colours = matplotlib.colormaps["tab10"].colors
     fig = _figure(figsize=(5.0 * len(PANELS), 3.8), constrained_layout=True)

@@ -277,6 +277,13 @@ class Trainer:
         }
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
+        missing = [k for k in ("optimizer", "scheduler", "scaler", "progress", "rng") if k not in ckpt]
+        if missing:  # an averaged or exported-for-decoding checkpoint put in last.pt's place
+            what = "an average of checkpoints" if ckpt.get("averaged_from") else "a checkpoint for decoding only"
+            raise UserError(
+                f"cannot resume: {self.ckpt_dir / 'last.pt'} is {what} (no {', '.join(missing)}); "
+                f"put a checkpoint the run saved there, or start a run from it with --init-from"
+            )
         check_same_setup(self.cfg, ckpt)
         if ckpt["spm_model"] != self.tokenizer.model_bytes:
             raise UserError(

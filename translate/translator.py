@@ -278,6 +278,12 @@ def plot_attention(
         raise UserError(f"--head {head}: the model has {n_heads} heads (0..{n_heads - 1})")
     if not sentence.strip():
         raise UserError("the sentence to translate is empty")
+    pieces = len(engine.tokenizer.encode([sentence.strip()])[0])
+    if pieces > engine.max_pieces:  # decode cuts such a line into parts; one plot is of one input
+        raise UserError(
+            f"the sentence has {pieces:,} pieces, more than the model reads at once ({engine.max_pieces:,}); "
+            "plot a shorter one"
+        )
     check_output_path(output, "--output", [checkpoint])
     tokens = engine.best_tokens(sentence)
     weights, cols, rows = attention_maps(model, engine.tokenizer, sentence.strip(), tokens, kind, layer)  # (H, R, C)

@@ -26,7 +26,7 @@ from translate.checkpoint import atomic_save, link, load_checkpoint
 from translate.engine import Engine, EngineSpec
 from translate.errors import UserError
 from translate.evaluate import score
-from translate.textio import check_output_path
+from translate.textio import check_output_path, through_link
 from translate.translator import CHUNK_LINES, translate_texts
 
 log = logging.getLogger("translate")
@@ -56,7 +56,7 @@ def check_grid(grid: Sequence[float], name: str) -> list[float]:
         raise UserError(f"{name} needs at least one length penalty")
     for alpha in values:
         if not (alpha >= 0 and math.isfinite(alpha)):  # NaN fails both comparisons, so check each value
-            raise UserError(f"{name}: a length penalty must be >= 0, got {alpha:g}")
+            raise UserError(f"{name}: a length penalty must be a finite number >= 0, got {alpha:g}")
     return values
 
 
@@ -96,8 +96,9 @@ def write_choice(path: Path, choice: Choice, ckpt: dict[str, Any] | None = None)
     """The choice into the checkpoint at `path` (its decode.length_penalty and the scores), saved
     atomically; the other names of that file in its directory (best.pt, last.pt and step_N.pt are
     hard links of one file) are linked to the new one. Returns every name updated."""
+    path = through_link(path)  # a link's file is tuned, and that file's other names beside it
     ckpt = ckpt if ckpt is not None else load_checkpoint(path)
-    twins = [p for p in sorted(path.parent.glob("*.pt")) if p != path and p.samefile(path)]
+    twins = [p for p in sorted(path.parent.glob("*.pt")) if p != path and p.exists() and p.samefile(path)]
     ckpt["config"]["decode"]["length_penalty"] = choice.chosen
     ckpt["tune_length_penalty"] = asdict(choice)
     atomic_save(ckpt, path)
