@@ -49,8 +49,8 @@ def test_init_from_on_the_command_line_is_recorded_and_shown(trained_run, tmp_pa
     assert f"initialised from: {source.resolve()} (step {load_checkpoint(source)['step']})" in info
 
 
-def test_resume_of_an_adapted_run_needs_no_longer_the_checkpoint_it_came_from(trained_run, tmp_path):
-    """The run has its own weights (last.pt) and vocabulary (spm.model): the source may be moved."""
+def test_resume_of_an_adapted_run_needs_no_longer_the_checkpoint_it_came_from(trained_run, tokenizer, tmp_path):
+    """The run has its own weights (last.pt) and vocabulary (spm.model): the source may be moved or replaced."""
     run, _ = trained_run
     source = tmp_path / "source.pt"
     source.write_bytes((run / "checkpoints" / "last.pt").read_bytes())
@@ -63,6 +63,22 @@ def test_resume_of_an_adapted_run_needs_no_longer_the_checkpoint_it_came_from(tr
     ckpt = load_checkpoint(adapted / "checkpoints" / "last.pt")
     assert ckpt["step"] == 4 and ckpt["init_from"]["path"] == str(source.resolve())
     assert {p.name: p.read_bytes() for p in [adapted / "spm.model", *sorted((adapted / "data").glob("*.npy"))]} == data
+
+    other = load_checkpoint(run / "checkpoints" / "last.pt")  # another checkpoint, another vocabulary, at its path
+    other["spm_model"] = tokenizer.model_bytes
+    torch.save(other, source)
+    run_cli("train", "--config", adapted / "config.yaml", "--resume", "--set", "train.max_steps=6")
+    assert load_checkpoint(adapted / "checkpoints" / "last.pt")["step"] == 6
+    assert {p.name: p.read_bytes() for p in [adapted / "spm.model", *sorted((adapted / "data").glob("*.npy"))]} == data
+
+    result = run_cli(  # --init-from given to a run under way: not used, said, not written into its config
+        "train", "--config", adapted / "config.yaml", "--resume", "--init-from", tmp_path / "no.pt",
+        "--set", "train.max_steps=8",
+    )  # fmt: skip
+    assert f"train.init_from {tmp_path / 'no.pt'} is not used (the run started from {source.resolve()}" in result.stderr
+    assert load_checkpoint(adapted / "checkpoints" / "last.pt")["step"] == 8
+    saved = yaml.safe_load((adapted / "config.yaml").read_text())
+    assert saved["train"]["init_from"] == str(source.resolve())
 
 
 def test_init_from_refusals(trained_run, tmp_path):

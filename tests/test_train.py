@@ -529,3 +529,20 @@ def test_training_updates_make_no_synchronisation(tmp_path, steps):
     assert len(updates) == steps and t.state.step == steps
     assert counter.syncs == {}, counter.syncs
     assert counter.attention  # the counter saw the updates' operations
+
+
+def test_the_resume_command_says_where_to_run_it_when_the_config_names_relative_paths(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from translate.config import load_config
+    from translate.train import Trainer, relative_paths
+
+    monkeypatch.chdir(tmp_path)
+    absolute = load_config(tiny_config(tmp_path))  # every path absolute
+    assert relative_paths(absolute) == []
+    hint = Trainer.resume_command(SimpleNamespace(cfg=absolute, run=absolute.run_path, distributed=False))
+    assert hint == f"translate train --config {absolute.run_path / 'config.yaml'} --resume"
+    relative = load_config(tiny_config(tmp_path), ["run_dir=runs", "data.train=corpus/train"])
+    assert relative_paths(relative) == ["runs", "corpus/train"]
+    hint = Trainer.resume_command(SimpleNamespace(cfg=relative, run=relative.run_path, distributed=False))
+    assert hint == f"cd {tmp_path} && translate train --config runs/e2e/config.yaml --resume"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ from translate.config import Config, VocabConfig, agrees, config_to_dict
 from translate.errors import UserError
 
 FREE_MODEL_KEYS = ("dropout", "attention_dropout")  # may differ from the checkpoint's
+
+log = logging.getLogger("translate")
 
 
 def load_init(cfg: Config) -> dict[str, Any]:
@@ -40,6 +43,22 @@ def adapted_config(cfg: Config, ckpt: dict[str, Any]) -> Config:
     return dataclasses.replace(cfg, vocab=vocab)
 
 
+def resumed_config(cfg: Config, last: dict[str, Any]) -> Config:
+    """The config of a run that --resume continues from `last` (its last.pt): the start is the one it
+    had. train.init_from is the checkpoint it started from (another given now is not used: a warning)
+    and the vocabulary its own copy, whatever that checkpoint holds now."""
+    record = last.get("init_from")
+    started = record["path"] if record else None
+    given = str(Path(cfg.train.init_from).expanduser().resolve()) if cfg.train.init_from else None
+    if given != started:
+        log.warning(
+            f"--resume continues {cfg.run_path} from its last.pt: train.init_from {cfg.train.init_from} is not used "
+            f"(the run started {f'from {started}' if started else 'from scratch'}; --init-from starts a new run)"
+        )
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=started))
+    return adapted_config(cfg, last) if cfg.train.init_from else cfg
+
+
 def init_record(cfg: Config, ckpt: dict[str, Any]) -> dict[str, Any]:
     return {"path": str(Path(cfg.train.init_from).expanduser().resolve()), "step": ckpt.get("step")}
 
@@ -55,8 +74,10 @@ def init_vocabulary(cfg: Config) -> bytes | None:
         return None
     path = Path(cfg.train.init_from).expanduser()
     own = cfg.run_path / "spm.model"
-    if not path.exists() and own.is_file() and (cfg.run_path / "checkpoints" / "last.pt").is_file():
-        return own.read_bytes()  # a run adapted from a checkpoint since moved goes on with the copy it made
+    if own.is_file() and (cfg.run_path / "checkpoints" / "last.pt").is_file():
+        return (
+            own.read_bytes()
+        )  # a run under way goes on with the copy it made (the checkpoint may have moved or changed)
     if not path.is_file():
         load_checkpoint(path)  # the one-line error for a missing path or a directory
     stat = path.stat()

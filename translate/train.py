@@ -29,6 +29,7 @@ import datetime
 import inspect
 import logging
 import os
+import shlex
 import signal
 import sys
 import time
@@ -43,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from translate.adapt import adapted_config, init_record, load_init
+from translate.adapt import adapted_config, init_record, load_init, resumed_config
 from translate.batching import shard_batches, token_batches
 from translate.checkpoint import (
     CHECKPOINT_FORMAT,
@@ -114,6 +115,15 @@ NO_BUFFER_SYNC = (
 )
 
 
+def relative_paths(cfg: Config) -> list[str]:
+    """The config's paths that are relative to the working directory (a local dataset's among them)."""
+    paths = [cfg.run_dir, cfg.data.train, cfg.data.valid, cfg.data.test, cfg.data.bible_db]
+    paths += [cfg.train.init_from, cfg.decode.glossary]
+    if cfg.data.dataset and Path(cfg.data.dataset).exists():  # a hub name is not a path
+        paths.append(cfg.data.dataset)
+    return [str(p) for p in paths if p and not Path(p).expanduser().is_absolute()]
+
+
 # ---------------------------------------------------------------------------- the loop
 
 
@@ -123,10 +133,8 @@ class Trainer:
             load_glossary(cfg.decode.glossary)
         init = None
         last = cfg.run_path / "checkpoints" / "last.pt"
-        if cfg.train.init_from and resume and last.is_file() and not Path(cfg.train.init_from).expanduser().exists():
-            cfg = adapted_config(
-                cfg, load_checkpoint(last)
-            )  # adapted from a checkpoint since moved: last.pt has it all
+        if cfg.train.init_from and resume and last.is_file():  # last.pt has it all (its start, its vocabulary)
+            cfg = resumed_config(cfg, load_checkpoint(last))
         elif cfg.train.init_from:
             init = load_init(cfg)  # refused before anything is written
             cfg = adapted_config(cfg, init)
@@ -309,13 +317,15 @@ class Trainer:
                 )
 
     def resume_command(self) -> str:
-        """The command that continues this run: under torchrun, torchrun with as many processes."""
-        command = f"-m translate train --config {self.run / 'config.yaml'} --resume"
+        """The command that continues this run: under torchrun, torchrun with as many processes; from
+        this directory where the config names paths relative to it."""
+        cd = f"cd {shlex.quote(os.getcwd())} && " if relative_paths(self.cfg) else ""
+        config = shlex.quote(str(self.run / "config.yaml"))
         if not self.distributed:
-            return f"translate train --config {self.run / 'config.yaml'} --resume"
+            return f"{cd}translate train --config {config} --resume"
         local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
         nodes = f" on each of the {self.world // local} machines, as before" if local != self.world else ""
-        return f"torchrun --nproc_per_node {local} {command}{nodes}"
+        return f"{cd}torchrun --nproc_per_node {local} -m translate train --config {config} --resume{nodes}"
 
     def _take_lr(self, saved: float) -> None:
         """A run resumed with another peak lr (train.lr changed, or another precision's entry) goes on
