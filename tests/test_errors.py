@@ -305,6 +305,21 @@ def test_average_mistakes(cli, trained_run, broken, tmp_path):
     assert not changed(before) and not out.exists()
 
 
+def test_prepare_of_a_trained_run_with_other_settings_is_refused(cli, trained_run, tmp_path):
+    run, _ = trained_run
+    copy = tmp_path / "runs" / run.name
+    shutil.copytree(run, copy)
+    before = {path: state for path, state in snapshot(copy).items() if not path.endswith(".lock")}
+    config = copy / "config.yaml"
+    code, _, err = cli(
+        "prepare", "--config", config, "--set", f"run_dir={tmp_path / 'runs'}", "--set", "vocab.size=200"
+    )
+    assert_one_error(code, err, "cannot prepare: vocab.size is 200 here but", "--set name=")
+    assert not changed(before)
+    code, out, err = cli("prepare", "--config", config, "--set", f"run_dir={tmp_path / 'runs'}")  # as it trained
+    assert code == 0 and "prepared data in" in out and not changed(before)
+
+
 # ---------------------------------------------------------------------------- decode and evaluate
 
 

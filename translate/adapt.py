@@ -20,7 +20,11 @@ from translate.checkpoint import load_checkpoint
 from translate.config import Config, VocabConfig, agrees, config_to_dict
 from translate.errors import UserError
 
-FREE_MODEL_KEYS = ("dropout", "attention_dropout")  # may differ from the checkpoint's
+FREE_MODEL_KEYS = (
+    "dropout",
+    "attention_dropout",
+    "init",
+)  # may differ from the checkpoint's (init: weights are loaded)
 
 log = logging.getLogger("translate")
 

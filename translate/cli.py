@@ -199,12 +199,13 @@ def prepare(
 ) -> None:
     """Fetch, clean and split the corpus, train SentencePiece, encode every split to ids."""
     from translate.prepare import prepare as run_prepare
-    from translate.rundir import RunLock
+    from translate.rundir import RunLock, check_prepare_trained
 
     cfg = _load_cfg(config, set_)
     _log_to_file(cfg.run_path / "prepare.log")
     lock = RunLock(cfg.run_path)  # a training of this run reads the data that preparing would replace
     try:
+        check_prepare_trained(cfg)
         data_dir = run_prepare(cfg, force=force)
     finally:
         lock.release()

@@ -10,6 +10,7 @@ from typing import Any
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+from translate.adapt import adapted_config
 from translate.checkpoint import load_checkpoint, step_checkpoints
 from translate.config import Config, agrees, config_to_dict
 from translate.errors import UserError
@@ -56,16 +57,31 @@ def check_run_dir(cfg: Config, resume: bool) -> dict[str, Any] | None:
     return ckpt
 
 
-def check_same_setup(cfg: Config, ckpt: dict[str, Any]) -> None:
-    """A resumed run keeps the checkpoint's model, vocabulary and data settings (UserError otherwise)."""
+def check_same_setup(cfg: Config, ckpt: dict[str, Any], doing: str = "resume") -> None:
+    """A resumed (or prepared again) run keeps the checkpoint's model, vocabulary and data settings
+    (UserError otherwise)."""
     saved, now = ckpt["config"], config_to_dict(cfg)
     for section in ("model", "vocab", "data"):
         for key, value in saved[section].items():
             if not agrees(now[section].get(key), value):
                 raise UserError(
-                    f"cannot resume: {section}.{key} is {now[section].get(key)!r} here but "
+                    f"cannot {doing}: {section}.{key} is {now[section].get(key)!r} here but "
                     f"{value!r} in {cfg.run_path / 'checkpoints' / 'last.pt'}"
+                    + (
+                        ""
+                        if doing == "resume"
+                        else f" (the run's checkpoints were trained on its data as it is; {doing} another run: --set name=...)"
+                    )
                 )
+
+
+def check_prepare_trained(cfg: Config) -> None:
+    """`translate prepare` of a run that has trained: only with the settings its checkpoints were
+    trained with (new ones would replace the vocabulary and data that --resume goes on with)."""
+    last = cfg.run_path / "checkpoints" / "last.pt"
+    if last.is_file():
+        ckpt = load_checkpoint(last)
+        check_same_setup(adapted_config(cfg, ckpt) if cfg.train.init_from else cfg, ckpt, doing="prepare")
 
 
 def truncate_events(tb_dir: Path, step: int) -> None:
