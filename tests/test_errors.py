@@ -316,6 +316,7 @@ def test_prepare_of_a_trained_run_with_other_settings_is_refused(cli, trained_ru
     )
     assert_one_error(code, err, "cannot prepare: vocab.size is 200 here but", "--set name=")
     assert not changed(before)
+    assert (copy / "prepare.log").read_text().rstrip().endswith(err.strip())  # the log says why, as the console did
     code, out, err = cli("prepare", "--config", config, "--set", f"run_dir={tmp_path / 'runs'}")  # as it trained
     assert code == 0 and "prepared data in" in out and not changed(before)
 

@@ -215,6 +215,9 @@ def test_files_missing_file_is_named(tmp_path: Path) -> None:
         files(str(tmp_path / "only"))
     with pytest.raises(UserError, match=r"data.test: file not found: .*nope.jsonl"):
         files(str(FIXTURES / "tiny"), test=str(tmp_path / "nope.jsonl"))
+    write(tmp_path / "only.fr", b"b\n")
+    with pytest.raises(UserError, match=r"only.en is one side of a pair; give its prefix, .*only \(the files PREFIX"):
+        files(str(tmp_path / "only.en"))
 
 
 # ------------------------------------------------------------------------------ hub

@@ -171,6 +171,14 @@ def _log_to_file(path: Path) -> None:
     logging.getLogger("translate").setLevel(logging.DEBUG)
 
 
+def _to_log_files(line: str) -> None:
+    """A command's error in the run's log file too (train.log, prepare.log): the console's is not kept."""
+    record = logging.LogRecord("translate", logging.ERROR, __file__, 0, line, None, None)
+    for handler in logging.getLogger("translate").handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
 def _close_log_files() -> None:
     """Remove and close the log-file handlers that `_log_to_file` added (after each command)."""
     logger = logging.getLogger("translate")
@@ -654,11 +662,13 @@ def main() -> None:
         code = 1
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
+        _to_log_files(f"error: {e}")
         code = e.exit_code
     except OSError as e:  # the disk or the permissions, not the code: no traceback
         if (line := os_error_line(e)) is None:
             raise
         print(f"error: {line}", file=sys.stderr)
+        _to_log_files(f"error: {line}")
         code = UserError.exit_code
     except KeyboardInterrupt:
         code = 130

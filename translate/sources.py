@@ -216,6 +216,12 @@ def files_source(cfg: DataConfig) -> dict[str, Iterable[Pair] | None]:
             log.info(f"files: {split} from {path}")
         else:
             src, tgt = Path(f"{path}.{cfg.src_lang}"), Path(f"{path}.{cfg.tgt_lang}")
+            side = next((lang for lang in (cfg.src_lang, cfg.tgt_lang) if str(path).endswith(f".{lang}")), None)
+            if side and not src.exists() and Path(path).is_file():  # one side's file given for the prefix
+                raise UserError(
+                    f"data.{split}: {path} is one side of a pair; give its prefix, {str(path)[: -len(side) - 1]} "
+                    f"(the files PREFIX.{cfg.src_lang} and PREFIX.{cfg.tgt_lang})"
+                )
             _check_file(src, f"data.{split}")
             _check_file(tgt, f"data.{split}")
             out[split] = Lazy(functools.partial(read_parallel, src, tgt))
