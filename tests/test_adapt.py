@@ -67,18 +67,25 @@ def test_resume_of_an_adapted_run_needs_no_longer_the_checkpoint_it_came_from(tr
     other = load_checkpoint(run / "checkpoints" / "last.pt")  # another checkpoint, another vocabulary, at its path
     other["spm_model"] = tokenizer.model_bytes
     torch.save(other, source)
+    (adapted / "spm.model").unlink()  # prepared again: from the run's own checkpoints, not from the source
     run_cli("train", "--config", adapted / "config.yaml", "--resume", "--set", "train.max_steps=6")
     assert load_checkpoint(adapted / "checkpoints" / "last.pt")["step"] == 6
     assert {p.name: p.read_bytes() for p in [adapted / "spm.model", *sorted((adapted / "data").glob("*.npy"))]} == data
 
-    result = run_cli(  # --init-from given to a run under way: not used, said, not written into its config
-        "train", "--config", adapted / "config.yaml", "--resume", "--init-from", tmp_path / "no.pt",
-        "--set", "train.max_steps=8",
-    )  # fmt: skip
-    assert f"train.init_from {tmp_path / 'no.pt'} is not used (the run started from {source.resolve()}" in result.stderr
+    given = run / "checkpoints" / "last.pt"  # --init-from given to a run under way: not used, said, not recorded
+    result = run_cli(
+        "train", "--config", adapted / "config.yaml", "--resume", "--init-from", given, "--set", "train.max_steps=8"
+    )
+    assert f"train.init_from {given} is not used: {adapted} has trained, starting from {source.resolve()}" in (
+        result.stderr
+    )
     assert load_checkpoint(adapted / "checkpoints" / "last.pt")["step"] == 8
     saved = yaml.safe_load((adapted / "config.yaml").read_text())
     assert saved["train"]["init_from"] == str(source.resolve())
+
+    # the config it started with, without the --init-from it was given (and a vocab section, ignored): it goes on
+    run_cli("train", "--config", config, "--resume", "--set", "train.max_steps=10", "--set", "vocab.size=200")
+    assert load_checkpoint(adapted / "checkpoints" / "last.pt")["step"] == 10
 
 
 def test_init_from_refusals(trained_run, tmp_path):

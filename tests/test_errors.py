@@ -319,6 +319,16 @@ def test_prepare_of_a_trained_run_with_other_settings_is_refused(cli, trained_ru
     assert (copy / "prepare.log").read_text().rstrip().endswith(err.strip())  # the log says why, as the console did
     code, out, err = cli("prepare", "--config", config, "--set", f"run_dir={tmp_path / 'runs'}")  # as it trained
     assert code == 0 and "prepared data in" in out and not changed(before)
+    code, out, err = cli(  # settings that do not change the data
+        "prepare", "--config", config, "--set", f"run_dir={tmp_path / 'runs'}", "--set", "model.dropout=0.3",
+        "--set", "data.num_workers=1",
+    )  # fmt: skip
+    assert code == 0 and not changed(before)
+
+    (copy / "checkpoints" / "last.pt").unlink()  # its step checkpoints are left: --resume would write over them
+    code, _, err = cli("train", "--config", config, "--set", f"run_dir={tmp_path / 'runs'}", "--resume")
+    assert_one_error(code, err, "holds checkpoints but no last.pt", "ln ", logs=True)
+    assert not changed({k: v for k, v in before.items() if not k.endswith(("last.pt", ".log"))})
 
 
 # ---------------------------------------------------------------------------- decode and evaluate

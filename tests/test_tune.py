@@ -66,9 +66,14 @@ def test_write_choice_writes_through_a_link_and_passes_over_broken_ones(model, t
     link = tmp_path / "mine.pt"
     link.symlink_to(real)
     choice = Choice(chosen=1.0, before=0.6, bleu={0.6: 10.0, 1.0: 11.0}, beam_size=2, lines=3)
+    (real.parent / "current.pt").symlink_to("best.pt")  # a link beside it stays a link
     assert write_choice(link, choice) == [real]
     assert link.is_symlink() and link.samefile(real)  # still the link; the file it names is tuned
+    assert (real.parent / "current.pt").is_symlink() and (real.parent / "current.pt").samefile(real)
     assert load_checkpoint(real)["config"]["decode"]["length_penalty"] == 1.0
+    again = Choice(chosen=1.4, before=1.0, bleu={1.0: 11.0, 1.4: 12.0}, beam_size=2, lines=3)
+    write_choice(real, again)  # tuned twice: `before` stays the configured value, which an average goes back to
+    assert load_checkpoint(real)["tune_length_penalty"]["before"] == 0.6
 
 
 def test_tune_command_writes_the_choice_that_decoding_then_takes(

@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from translate.checkpoint import load_checkpoint
+from translate.checkpoint import load_checkpoint, newest_checkpoint
 from translate.config import Config, VocabConfig, agrees, config_to_dict
 from translate.errors import UserError
 
@@ -47,20 +47,24 @@ def adapted_config(cfg: Config, ckpt: dict[str, Any]) -> Config:
     return dataclasses.replace(cfg, vocab=vocab)
 
 
-def resumed_config(cfg: Config, last: dict[str, Any]) -> Config:
-    """The config of a run that --resume continues from `last` (its last.pt): the start is the one it
-    had. train.init_from is the checkpoint it started from (another given now is not used: a warning)
-    and the vocabulary its own copy, whatever that checkpoint holds now."""
-    record = last.get("init_from")
+def resumed_config(cfg: Config, saved: dict[str, Any], main: bool = True) -> Config:
+    """The config of a run that has trained (`saved`: its last.pt) and goes on: its start is the one it
+    had. train.init_from becomes the checkpoint it started from (None: from scratch), its vocabulary
+    that of `saved`, whatever the checkpoint it started from holds now; another existing checkpoint
+    given as train.init_from is not used (a warning)."""
+    record = saved.get("init_from")
     started = record["path"] if record else None
-    given = str(Path(cfg.train.init_from).expanduser().resolve()) if cfg.train.init_from else None
-    if given != started:
+    given = Path(cfg.train.init_from).expanduser() if cfg.train.init_from else None
+    other = (
+        given is not None and given.exists() and not (started and Path(started).exists() and given.samefile(started))
+    )
+    if other and main:
         log.warning(
-            f"--resume continues {cfg.run_path} from its last.pt: train.init_from {cfg.train.init_from} is not used "
-            f"(the run started {f'from {started}' if started else 'from scratch'}; --init-from starts a new run)"
+            f"train.init_from {cfg.train.init_from} is not used: {cfg.run_path} has trained, starting "
+            f"{f'from {started}' if started else 'from scratch'} (--init-from starts a new run)"
         )
-        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=started))
-    return adapted_config(cfg, last) if cfg.train.init_from else cfg
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=started))
+    return adapted_config(cfg, saved) if started else cfg
 
 
 def init_record(cfg: Config, ckpt: dict[str, Any]) -> dict[str, Any]:
@@ -73,15 +77,12 @@ def _vocabulary(path: str, size: int, mtime_ns: int) -> bytes:
 
 
 def init_vocabulary(cfg: Config) -> bytes | None:
-    """The SentencePiece model bytes of train.init_from's checkpoint, or None without init_from."""
+    """The SentencePiece model bytes of train.init_from's checkpoint, or None without init_from; in a
+    run that has trained, its own (its newest checkpoint's: the one it started from may have moved or
+    changed since)."""
     if not cfg.train.init_from:
         return None
-    path = Path(cfg.train.init_from).expanduser()
-    own = cfg.run_path / "spm.model"
-    if own.is_file() and (cfg.run_path / "checkpoints" / "last.pt").is_file():
-        return (
-            own.read_bytes()
-        )  # a run under way goes on with the copy it made (the checkpoint may have moved or changed)
+    path = newest_checkpoint(cfg.run_path / "checkpoints") or Path(cfg.train.init_from).expanduser()
     if not path.is_file():
         load_checkpoint(path)  # the one-line error for a missing path or a directory
     stat = path.stat()

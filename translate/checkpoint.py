@@ -61,7 +61,7 @@ def atomic_save(obj: Any, path: str | Path) -> None:
     A crash or a full disk at any moment leaves the previous file at `path` intact; a full disk
     or a directory that cannot be written is a UserError saying so.
     """
-    path = check_output_path(path, "checkpoint")
+    path = check_output_path(path, "checkpoint", follow_link=False)  # a link the user named: resolved by the caller
     try:
         with atomic_write(path, "wb") as f:
             torch.save(obj, f)
@@ -186,9 +186,28 @@ def step_checkpoints(ckpt_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def newest_checkpoint(ckpt_dir: Path) -> Path | None:
+    """The checkpoint a run's state is in: last.pt, else (a run cut between saving and linking it,
+    or last.pt deleted) its newest step_*.pt, else best.pt; None for a run that has saved none."""
+    last, steps, best = ckpt_dir / "last.pt", step_checkpoints(ckpt_dir), ckpt_dir / "best.pt"
+    return last if last.is_file() else steps[-1] if steps else best if best.is_file() else None
+
+
 def prune(ckpt_dir: Path, keep_last: int) -> None:
     for old in step_checkpoints(ckpt_dir)[:-keep_last]:
         old.unlink(missing_ok=True)
+
+
+def check_resumable(ckpt: dict[str, Any], path: Path) -> None:
+    """A checkpoint --resume can continue: one a run saved, with its optimizer and progress (an
+    average, or a checkpoint stripped for decoding, has weights only)."""
+    missing = [k for k in ("optimizer", "scheduler", "scaler", "progress", "rng") if k not in ckpt]
+    if missing:
+        what = "an average of checkpoints" if ckpt.get("averaged_from") else "a checkpoint for decoding only"
+        raise UserError(
+            f"cannot resume: {path} is {what} (no {', '.join(missing)}); "
+            "put a checkpoint the run saved there, or start a run from it with --init-from"
+        )
 
 
 # the model settings that make two checkpoints' weights mean the same thing (dropout and init do not)
@@ -223,7 +242,7 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
                 )
             total[k] += v.double()
     model = {k: (v / len(paths)).to(first["model"][k].dtype) for k, v in total.items()}
-    keep = ("format", "versions", "config", "vocab_size", "spm_model")
+    keep = ("format", "versions", "config", "vocab_size", "spm_model", "init_from")  # init_from: where the run began
     averaged = {k: first[k] for k in keep if k in first}
     averaged.update(newest)  # the newest input's step and epoch; no scores: an input's are not the average's
     averaged.update(model=model, averaged_from=inputs, versions=versions())

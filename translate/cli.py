@@ -207,14 +207,13 @@ def prepare(
 ) -> None:
     """Fetch, clean and split the corpus, train SentencePiece, encode every split to ids."""
     from translate.prepare import prepare as run_prepare
-    from translate.rundir import RunLock, check_prepare_trained
+    from translate.rundir import RunLock, prepare_config
 
     cfg = _load_cfg(config, set_)
     _log_to_file(cfg.run_path / "prepare.log")
     lock = RunLock(cfg.run_path)  # a training of this run reads the data that preparing would replace
     try:
-        check_prepare_trained(cfg)
-        data_dir = run_prepare(cfg, force=force)
+        data_dir = run_prepare(prepare_config(cfg), force=force)
     finally:
         lock.release()
     typer.echo(f"prepared data in {data_dir}, vocabulary {cfg.run_path / 'spm.model'}")
@@ -467,8 +466,8 @@ def average(
         paths = list(checkpoints or [])
     if len(paths) < 2:
         raise UserError("average needs at least two checkpoints (or --last N --run RUN_DIR/NAME)")
-    check_output_path(output, "--output", paths)  # before the inputs are read: a mistake costs no time
-    atomic_save(average_checkpoints(paths), output)
+    path = check_output_path(output, "--output", paths)  # before the inputs are read: a mistake costs no time
+    atomic_save(average_checkpoints(paths), path)
     typer.echo(f"averaged {len(paths)} checkpoints into {output}")
 
 

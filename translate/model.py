@@ -132,22 +132,21 @@ class MultiHeadAttention(nn.Module):
 
 
 class _ByteDropout(torch.autograd.Function):
-    """x * scale where an element's random byte is >= threshold, else 0; the kept elements' mask is
-    saved as bytes (bool) for the backward, not as a tensor of x's dtype."""
+    """x * mask * scale, where mask keeps an element when its random byte is >= threshold."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, threshold: int, scale: float) -> torch.Tensor:
         n = x.numel()
         words = torch.randint(-(2**63), 2**63 - 1, ((n + 7) // 8,), dtype=torch.int64, device=x.device)
         keep = words.view(torch.uint8)[:n].view(x.shape) >= threshold  # one random byte per element
-        ctx.save_for_backward(keep)
-        ctx.scale = scale
-        return torch.where(keep, x, 0).mul_(scale)
+        mask = keep.to(x.dtype).mul_(scale)
+        ctx.save_for_backward(mask)
+        return x * mask
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        (keep,) = ctx.saved_tensors
-        return torch.where(keep, grad, 0).mul_(ctx.scale), None, None
+        (mask,) = ctx.saved_tensors
+        return grad * mask, None, None
 
 
 class Dropout(nn.Module):

@@ -269,14 +269,13 @@ def curves_figure(runs: Sequence[str | Path], labels: Sequence[str] | None = Non
 
 def save_figure(fig, output: str | Path, dpi: int = 150) -> None:
     """Save as PNG (or any format matplotlib knows from the suffix: pdf, svg ...)."""
-    output = check_output_path(output, "--output")
-    kind = output.suffix.lstrip(".").lower()
+    given = Path(output)  # its name says the format, even where it is a link to another name
+    output = check_output_path(given, "--output")
+    kind = given.suffix.lstrip(".").lower()
     if kind not in fig.canvas.get_supported_filetypes():
         known = ", ".join(sorted(fig.canvas.get_supported_filetypes()))
-        raise UserError(f"{output}: the file name must end in a picture format such as .png ({known})")
-    with atomic_path(
-        output, suffix=f".tmp{output.suffix}"
-    ) as tmp:  # a picture that was there stays whole if this fails
+        raise UserError(f"{given}: the file name must end in a picture format such as .png ({known})")
+    with atomic_path(output, suffix=f".tmp{given.suffix}") as tmp:  # a picture that was there stays whole if this fails
         fig.savefig(tmp, dpi=dpi, format=kind)
 
 

@@ -34,6 +34,7 @@ import sentencepiece as spm
 from tqdm import tqdm
 
 from translate.adapt import init_vocabulary, vocabulary_hash
+from translate.checkpoint import newest_checkpoint
 from translate.config import Config, config_to_dict
 from translate.data import TokenWriter, token_dtype
 from translate.errors import UserError
@@ -409,7 +410,12 @@ def prepare(cfg: Config, force: bool = False) -> Path:
     meta_path.unlink(missing_ok=True)  # a half-done prepare is never taken for a finished one
     sizes = _clean_splits(cfg, data_dir)
     if (init_model := init_vocabulary(cfg)) is not None:
-        log.info(f"vocabulary: the one of {cfg.train.init_from} (train.init_from), not trained")
+        whose = (
+            "the run's own (its checkpoints')"
+            if newest_checkpoint(run / "checkpoints")
+            else f"the one of {cfg.train.init_from} (train.init_from)"
+        )
+        log.info(f"vocabulary: {whose}, not trained")
         tok = Tokenizer(init_model)
     else:
         sample = _sample_sentences(cfg, data_dir, sizes["train"])

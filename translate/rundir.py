@@ -10,8 +10,8 @@ from typing import Any
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from translate.adapt import adapted_config
-from translate.checkpoint import load_checkpoint, step_checkpoints
+from translate.adapt import resumed_config
+from translate.checkpoint import check_resumable, load_checkpoint, newest_checkpoint, step_checkpoints
 from translate.config import Config, agrees, config_to_dict
 from translate.errors import UserError
 from translate.prepare import changed_sources
@@ -32,9 +32,9 @@ class RunLock:
         self.file.close()
 
 
-def check_run_dir(cfg: Config, resume: bool) -> dict[str, Any] | None:
-    """Refuse to train over an earlier run without --resume; with it, return last.pt (if any)
-    once its model, vocabulary and data settings are found to be those of the config."""
+def check_run_dir(cfg: Config, resume: bool, saved: dict[str, Any] | None = None) -> None:
+    """Refuse to train over an earlier run without --resume; with it, check last.pt (`saved`, loaded
+    if not given): its model, vocabulary and data settings must be those of the config."""
     run = cfg.run_path
     ckpt_dir = run / "checkpoints"
     earlier = step_checkpoints(ckpt_dir) + [p for p in (ckpt_dir / "last.pt", run / "tb") if p.exists()]
@@ -44,9 +44,15 @@ def check_run_dir(cfg: Config, resume: bool) -> dict[str, Any] | None:
             f"or train under another name (--set name=...)"
         )
     last = ckpt_dir / "last.pt"
+    if resume and not last.is_file() and (newest := newest_checkpoint(ckpt_dir)) is not None:
+        raise UserError(  # starting again would write over them
+            f"cannot resume: {ckpt_dir} holds checkpoints but no last.pt; make the one to continue from "
+            f"last.pt (ln {newest} {last}), or train under another name (--set name=...)"
+        )
     if not (resume and last.is_file()):
-        return None
-    ckpt = load_checkpoint(last)
+        return
+    ckpt = saved if saved is not None else load_checkpoint(last)
+    check_resumable(ckpt, last)
     check_same_setup(cfg, ckpt)
     if changed := changed_sources(cfg):
         raise UserError(
@@ -54,19 +60,23 @@ def check_run_dir(cfg: Config, resume: bool) -> dict[str, Any] | None:
             f"{f' (and {len(changed) - 1} more)' if len(changed) > 1 else ''}; the checkpoints were trained on "
             "the data as it was: put the files back, or train a new run on them (--set name=...)"
         )
-    return ckpt
 
 
-def check_same_setup(cfg: Config, ckpt: dict[str, Any], doing: str = "resume") -> None:
-    """A resumed (or prepared again) run keeps the checkpoint's model, vocabulary and data settings
-    (UserError otherwise)."""
+UNCHECKED = {"data": ("num_workers",)}  # settings that change how, not what, a run prepares or trains
+
+
+def check_same_setup(
+    cfg: Config, ckpt: dict[str, Any], doing: str = "resume", sections: tuple[str, ...] = ("model", "vocab", "data")
+) -> None:
+    """A resumed (or prepared again) run keeps the checkpoint's settings of these sections (UserError
+    otherwise)."""
     saved, now = ckpt["config"], config_to_dict(cfg)
-    for section in ("model", "vocab", "data"):
+    for section in sections:
         for key, value in saved[section].items():
-            if not agrees(now[section].get(key), value):
+            if key not in UNCHECKED.get(section, ()) and not agrees(now[section].get(key), value):
                 raise UserError(
-                    f"cannot {doing}: {section}.{key} is {now[section].get(key)!r} here but "
-                    f"{value!r} in {cfg.run_path / 'checkpoints' / 'last.pt'}"
+                    f"cannot {doing}: {section}.{key} is {now[section].get(key)!r} here but {value!r} in "
+                    f"{cfg.run_path / 'checkpoints' / 'last.pt'}"
                     + (
                         ""
                         if doing == "resume"
@@ -75,13 +85,17 @@ def check_same_setup(cfg: Config, ckpt: dict[str, Any], doing: str = "resume") -
                 )
 
 
-def check_prepare_trained(cfg: Config) -> None:
-    """`translate prepare` of a run that has trained: only with the settings its checkpoints were
-    trained with (new ones would replace the vocabulary and data that --resume goes on with)."""
-    last = cfg.run_path / "checkpoints" / "last.pt"
-    if last.is_file():
-        ckpt = load_checkpoint(last)
-        check_same_setup(adapted_config(cfg, ckpt) if cfg.train.init_from else cfg, ckpt, doing="prepare")
+def prepare_config(cfg: Config) -> Config:
+    """The config `translate prepare` goes by: in a run that has trained, its start (resumed_config)
+    and only the vocabulary and data settings its checkpoints were trained with (others would replace
+    the vocabulary and data that --resume goes on with)."""
+    newest = newest_checkpoint(cfg.run_path / "checkpoints")
+    if newest is None:
+        return cfg
+    ckpt = load_checkpoint(newest)
+    cfg = resumed_config(cfg, ckpt)
+    check_same_setup(cfg, ckpt, doing="prepare", sections=("vocab", "data"))
+    return cfg
 
 
 def truncate_events(tb_dir: Path, step: int) -> None:

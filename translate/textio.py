@@ -104,11 +104,13 @@ def through_link(path: str | Path) -> Path:
     return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
-def check_output_path(path: str | Path, what: str, inputs: Iterable[str | Path | None] = ()) -> Path:
-    """A file the user asked us to write (a symbolic link: the file it names): its directory must
-    exist and be writable, and it must be neither a directory nor one of `inputs` (writing it would
-    destroy them). Returns the path to write."""
-    path = through_link(path)
+def check_output_path(
+    path: str | Path, what: str, inputs: Iterable[str | Path | None] = (), follow_link: bool = True
+) -> Path:
+    """A file to write (with `follow_link`, as for a path the user named: a symbolic link's file): its
+    directory must exist and be writable, and it must be neither a directory nor one of `inputs`
+    (writing it would destroy them). Returns the path to write."""
+    path = through_link(path) if follow_link else Path(path)
     if path.is_dir():
         raise UserError(f"{what} {path} is a directory; give a file name")
     if not path.parent.is_dir():
@@ -147,8 +149,9 @@ def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
     suffix, as matplotlib does, gets one ending in `path`'s) that lands at `path` only if the block
     succeeds: it is fsynced, given the permissions of the file it replaces (a new file: the
     umask's) and renamed over `path`; on any error it is removed and the file that was at `path`
-    is left as it was. A symbolic link at `path` is written through: the file it names is replaced."""
-    path = through_link(path)
+    is left as it was. A symbolic link at `path` is replaced, not followed (check_output_path gives
+    the file a link the user named stands for)."""
+    path = Path(path)
     try:
         permissions = stat.S_IMODE(os.stat(path).st_mode)
     except OSError:  # no file there yet (or none we can see): a new file's

@@ -131,23 +131,24 @@ class Trainer:
     def __init__(self, cfg: Config, resume: bool) -> None:
         if cfg.decode.glossary:  # the checkpoints will name it: a missing or malformed file is refused now
             load_glossary(cfg.decode.glossary)
-        init = None
+        init = saved = None
         last = cfg.run_path / "checkpoints" / "last.pt"
-        if cfg.train.init_from and resume and last.is_file():  # last.pt has it all (its start, its vocabulary)
-            cfg = resumed_config(cfg, load_checkpoint(last))
+        if resume and last.is_file():  # last.pt has it all: the run's state, its start, its vocabulary
+            saved = load_checkpoint(last)  # checked by check_run_dir (before anything is prepared)
+            cfg = resumed_config(cfg, saved, World.from_env().main)
         elif cfg.train.init_from:
             init = load_init(cfg)  # refused before anything is written
             cfg = adapted_config(cfg, init)
         self.init_from = init_record(cfg, init) if init else None
-        self.cfg, self.run = cfg, cfg.run_path
+        self.cfg, self.run, self.resume = cfg, cfg.run_path, resume
         self.ckpt_dir = self.run / "checkpoints"
         self.clock = Clock()
         setup_start = time.perf_counter()
         self._join(cfg)
-        resumed = self._prepare(cfg, resume)
+        self._prepare(cfg, resume, saved)
         self._load_data(cfg)
-        self._build(cfg, resume, resumed, init)
-        del init
+        self._build(cfg, saved, init)
+        del init, saved
         self.logger = TensorboardLogger(self.run / "tb", self.main, self.state.step, resume)
         if self.main:
             self._write_header(self.cfg)
@@ -171,15 +172,14 @@ class Trainer:
         self.lr, self.lr_reason = by_precision(cfg.train.lr, self.amp)
         self.budget = parse_duration(cfg.train.max_time) if cfg.train.max_time is not None else None
 
-    def _prepare(self, cfg: Config, resume: bool) -> dict[str, Any] | None:
-        """Rank 0 locks the run, checks it and prepares the data while the others wait; then the
-        process group. Returns last.pt when resuming (checked against the config)."""
+    def _prepare(self, cfg: Config, resume: bool, saved: dict[str, Any] | None) -> None:
+        """Rank 0 locks the run, checks it (and `saved`, its last.pt, against the config) and prepares
+        the data while the others wait; then the process group."""
         timeout = parse_duration(cfg.train.dist_timeout, "train.dist_timeout")
-        resumed = None
         if self.main:
             self.run.mkdir(parents=True, exist_ok=True)
             self.lock = RunLock(self.run)
-            resumed = check_run_dir(cfg, resume)  # before prepare(): a refused resume changes nothing
+            check_run_dir(cfg, resume, saved)  # before prepare(): a refused resume changes nothing
             prepare(cfg)
         else:
             wait_for(lambda: is_prepared(cfg), timeout, f"rank 0 to prepare the data in {self.run / 'data'}")
@@ -188,7 +188,6 @@ class Trainer:
             init_process_group(self.device, timeout)
             if self.device.type != "cpu":
                 self.host_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
-        return resumed
 
     def _load_data(self, cfg: Config) -> None:
         data_dir = self.run / "data"
@@ -198,10 +197,9 @@ class Trainer:
             cfg, data_dir, self.tokenizer, self.device, self.amp, self.padding, self.max_tokens, self.rank, self.world
         )
 
-    def _build(self, cfg: Config, resume: bool, resumed: dict[str, Any] | None, init: dict[str, Any] | None) -> None:
-        """Model, optimizer, schedule and scaler: fresh, from last.pt (--resume) or from train.init_from."""
+    def _build(self, cfg: Config, ckpt: dict[str, Any] | None, init: dict[str, Any] | None) -> None:
+        """Model, optimizer, schedule and scaler: fresh, from `ckpt` (last.pt, --resume) or from train.init_from."""
         last = self.ckpt_dir / "last.pt"
-        ckpt = (resumed or load_checkpoint(last)) if resume and last.is_file() else None
         self.cfg = cfg = self._at_width(cfg, ckpt or init)
         seed_everything(cfg.seed)
         self.model = Transformer(cfg.model, self.tokenizer.vocab_size).to(self.device)
@@ -216,7 +214,7 @@ class Trainer:
         self.state = TrainState()
         if ckpt is not None:
             self._restore(ckpt)
-        elif resume and self.main:
+        elif self.resume and self.main:
             log.info(f"--resume: {last} does not exist yet, starting from step 0")
         if init and ckpt is None:
             self.model.load_state_dict(init["model"])
@@ -285,13 +283,6 @@ class Trainer:
         }
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
-        missing = [k for k in ("optimizer", "scheduler", "scaler", "progress", "rng") if k not in ckpt]
-        if missing:  # an averaged or exported-for-decoding checkpoint put in last.pt's place
-            what = "an average of checkpoints" if ckpt.get("averaged_from") else "a checkpoint for decoding only"
-            raise UserError(
-                f"cannot resume: {self.ckpt_dir / 'last.pt'} is {what} (no {', '.join(missing)}); "
-                f"put a checkpoint the run saved there, or start a run from it with --init-from"
-            )
         check_same_setup(self.cfg, ckpt)
         if ckpt["spm_model"] != self.tokenizer.model_bytes:
             raise UserError(
@@ -502,7 +493,7 @@ class Trainer:
         except UserError as e:  # e.g. a full disk: the checkpoints saved before are intact
             last = self.ckpt_dir / "last.pt"
             then = f"continue from {last} with" if last.exists() else "start again with"
-            raise UserError(f"{e}, then {then}: translate train --config {self.run / 'config.yaml'} --resume") from None
+            raise UserError(f"{e}, then {then}: {self.resume_command()}") from None
         link(path, self.ckpt_dir / "last.pt")
         if best:
             link(path, self.ckpt_dir / "best.pt")

@@ -132,7 +132,7 @@ def decode_document(spec: EngineSpec, input: str | Path, output: str | Path, for
         sys.stdout.write(translated)
         sys.stdout.flush()
     else:
-        with atomic_write(output) as f:
+        with atomic_write(check_output_path(output, "--output")) as f:
             f.write(translated)
     return text.count("\n") + (not text.endswith("\n"))
 

@@ -39,7 +39,7 @@ class Choice:
     """The outcome of a search over length penalties, as it is kept in the checkpoint."""
 
     chosen: float
-    before: float  # decode.length_penalty before the choice
+    before: float  # decode.length_penalty as configured, before the first choice
     bleu: dict[float, float]  # alpha -> BLEU of the held-out pairs
     beam_size: int
     lines: int  # held-out lines translated at each alpha
@@ -96,9 +96,15 @@ def write_choice(path: Path, choice: Choice, ckpt: dict[str, Any] | None = None)
     """The choice into the checkpoint at `path` (its decode.length_penalty and the scores), saved
     atomically; the other names of that file in its directory (best.pt, last.pt and step_N.pt are
     hard links of one file) are linked to the new one. Returns every name updated."""
-    path = through_link(path)  # a link's file is tuned, and that file's other names beside it
+    path = through_link(path)  # a link's file is tuned, and that file's other names (hard links) beside it
     ckpt = ckpt if ckpt is not None else load_checkpoint(path)
-    twins = [p for p in sorted(path.parent.glob("*.pt")) if p != path and p.exists() and p.samefile(path)]
+    twins = [
+        p
+        for p in sorted(path.parent.glob("*.pt"))
+        if p != path and not p.is_symlink() and p.exists() and p.samefile(path)
+    ]
+    if earlier := ckpt.get("tune_length_penalty"):  # tuned again: `before` stays the configured value
+        choice = replace(choice, before=earlier["before"])
     ckpt["config"]["decode"]["length_penalty"] = choice.chosen
     ckpt["tune_length_penalty"] = asdict(choice)
     atomic_save(ckpt, path)
