@@ -223,10 +223,10 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     first = load_checkpoint(paths[0])
     total = {k: v.double() for k, v in first["model"].items()}
     newest = {k: first[k] for k in ("step", "epoch") if k in first}
-    inputs = [f"{Path(paths[0]).absolute()} (step {first.get('step')})"]
+    inputs = [f"{os.path.abspath(paths[0])} (step {first.get('step')})"]
     for path in paths[1:]:
         ckpt = load_checkpoint(path)
-        inputs.append(f"{Path(path).absolute()} (step {ckpt.get('step')})")
+        inputs.append(f"{os.path.abspath(path)} (step {ckpt.get('step')})")
         if (ckpt.get("step") or 0) > (newest.get("step") or 0):
             newest = {k: ckpt[k] for k in ("step", "epoch") if k in ckpt}
         if ckpt["spm_model"] != first["spm_model"] or ckpt["model"].keys() != total.keys():
