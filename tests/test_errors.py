@@ -328,6 +328,11 @@ def test_prepare_of_a_trained_run_with_other_settings_is_refused(cli, trained_ru
     (copy / "checkpoints" / "last.pt").unlink()  # its step checkpoints are left: --resume would write over them
     code, _, err = cli("train", "--config", config, "--set", f"run_dir={tmp_path / 'runs'}", "--resume")
     assert_one_error(code, err, "holds checkpoints but no last.pt", "ln ", logs=True)
+    lone = tmp_path / "runs" / "lone" / "checkpoints"  # a best.pt alone (no tb/): not written over either
+    lone.mkdir(parents=True)
+    shutil.copy(copy / "checkpoints" / "best.pt", lone / "best.pt")
+    code, _, err = cli("train", "--config", config, "--set", f"run_dir={tmp_path / 'runs'}", "--set", "name=lone")
+    assert_one_error(code, err, "holds checkpoints but no last.pt", "and add --resume", logs=True)
     assert not changed({k: v for k, v in before.items() if not k.endswith(("last.pt", ".log"))})
 
 

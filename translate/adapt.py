@@ -82,7 +82,12 @@ def init_vocabulary(cfg: Config) -> bytes | None:
     changed since)."""
     if not cfg.train.init_from:
         return None
-    path = newest_checkpoint(cfg.run_path / "checkpoints") or Path(cfg.train.init_from).expanduser()
+    path = Path(cfg.train.init_from).expanduser()
+    if (newest := newest_checkpoint(cfg.run_path / "checkpoints")) is not None:  # a run that has trained
+        own = cfg.run_path / "spm.model"
+        if own.is_file():  # its copy (resuming checks it against the checkpoint's)
+            return own.read_bytes()
+        path = newest
     if not path.is_file():
         load_checkpoint(path)  # the one-line error for a missing path or a directory
     stat = path.stat()

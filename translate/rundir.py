@@ -11,7 +11,7 @@ from tensorboard.backend.event_processing.event_file_loader import LegacyEventFi
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from translate.adapt import resumed_config
-from translate.checkpoint import check_resumable, load_checkpoint, newest_checkpoint, step_checkpoints
+from translate.checkpoint import check_resumable, load_checkpoint, newest_checkpoint
 from translate.config import Config, agrees, config_to_dict
 from translate.errors import UserError
 from translate.prepare import changed_sources
@@ -37,23 +37,24 @@ def check_run_dir(cfg: Config, resume: bool, saved: dict[str, Any] | None = None
     if not given): its model, vocabulary and data settings must be those of the config."""
     run = cfg.run_path
     ckpt_dir = run / "checkpoints"
-    earlier = step_checkpoints(ckpt_dir) + [p for p in (ckpt_dir / "last.pt", run / "tb") if p.exists()]
+    last, newest = ckpt_dir / "last.pt", newest_checkpoint(ckpt_dir)
+    if newest is not None and not last.is_file():  # starting again would write over them
+        raise UserError(
+            f"{'cannot resume: ' if resume else ''}{ckpt_dir} holds checkpoints but no last.pt; make the one to "
+            f"continue from last.pt (ln {newest} {last}){'' if resume else ' and add --resume'}, or train under "
+            "another name (--set name=...)"
+        )
+    earlier = [p for p in (newest, run / "tb") if p is not None and p.exists()]
     if earlier and not resume:
         raise UserError(
             f"{run} already holds a training run ({earlier[0]}): add --resume to continue it, "
             f"or train under another name (--set name=...)"
         )
-    last = ckpt_dir / "last.pt"
-    if resume and not last.is_file() and (newest := newest_checkpoint(ckpt_dir)) is not None:
-        raise UserError(  # starting again would write over them
-            f"cannot resume: {ckpt_dir} holds checkpoints but no last.pt; make the one to continue from "
-            f"last.pt (ln {newest} {last}), or train under another name (--set name=...)"
-        )
     if not (resume and last.is_file()):
         return
     ckpt = saved if saved is not None else load_checkpoint(last)
     check_resumable(ckpt, last)
-    check_same_setup(cfg, ckpt)
+    check_same_setup(cfg, ckpt, last)
     if changed := changed_sources(cfg):
         raise UserError(
             f"cannot resume: {changed[0]} is gone or changed since {run / 'data'} was prepared from it"
@@ -66,17 +67,20 @@ UNCHECKED = {"data": ("num_workers",)}  # settings that change how, not what, a 
 
 
 def check_same_setup(
-    cfg: Config, ckpt: dict[str, Any], doing: str = "resume", sections: tuple[str, ...] = ("model", "vocab", "data")
+    cfg: Config,
+    ckpt: dict[str, Any],
+    path: Path,
+    doing: str = "resume",
+    sections: tuple[str, ...] = ("model", "vocab", "data"),
 ) -> None:
-    """A resumed (or prepared again) run keeps the checkpoint's settings of these sections (UserError
-    otherwise)."""
+    """A resumed (or prepared again) run keeps the settings of these sections of its checkpoint at
+    `path` (UserError otherwise)."""
     saved, now = ckpt["config"], config_to_dict(cfg)
     for section in sections:
         for key, value in saved[section].items():
             if key not in UNCHECKED.get(section, ()) and not agrees(now[section].get(key), value):
                 raise UserError(
-                    f"cannot {doing}: {section}.{key} is {now[section].get(key)!r} here but {value!r} in "
-                    f"{cfg.run_path / 'checkpoints' / 'last.pt'}"
+                    f"cannot {doing}: {section}.{key} is {now[section].get(key)!r} here but {value!r} in {path}"
                     + (
                         ""
                         if doing == "resume"
@@ -94,7 +98,7 @@ def prepare_config(cfg: Config) -> Config:
         return cfg
     ckpt = load_checkpoint(newest)
     cfg = resumed_config(cfg, ckpt)
-    check_same_setup(cfg, ckpt, doing="prepare", sections=("vocab", "data"))
+    check_same_setup(cfg, ckpt, newest, doing="prepare", sections=("vocab", "data"))
     return cfg
 
 

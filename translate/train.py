@@ -283,7 +283,7 @@ class Trainer:
         }
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
-        check_same_setup(self.cfg, ckpt)
+        check_same_setup(self.cfg, ckpt, self.ckpt_dir / "last.pt")
         if ckpt["spm_model"] != self.tokenizer.model_bytes:
             raise UserError(
                 f"cannot resume: {self.run / 'spm.model'} is not the vocabulary the checkpoint was trained with"
