@@ -16,15 +16,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from translate.checkpoint import load_checkpoint, newest_checkpoint
-from translate.config import Config, VocabConfig, agrees, config_to_dict
+from translate.checkpoint import load_checkpoint, model_differences, newest_checkpoint
+from translate.config import Config, VocabConfig, config_to_dict
 from translate.errors import UserError
-
-FREE_MODEL_KEYS = (
-    "dropout",
-    "attention_dropout",
-    "init",
-)  # may differ from the checkpoint's (init: weights are loaded)
 
 log = logging.getLogger("translate")
 
@@ -34,7 +28,7 @@ def load_init(cfg: Config) -> dict[str, Any]:
     path = Path(cfg.train.init_from).expanduser()
     ckpt = load_checkpoint(path)
     here, there = config_to_dict(cfg)["model"], ckpt["config"]["model"]
-    differ = [k for k in here if k not in FREE_MODEL_KEYS and not agrees(here[k], there.get(k))]
+    differ = model_differences(here, there)
     if differ:
         keys = ", ".join(f"model.{k} ({here[k]!r} here, {there.get(k)!r} there)" for k in differ)
         raise UserError(f"cannot initialise from {path}: the model settings differ from the checkpoint's: {keys}")

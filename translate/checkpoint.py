@@ -36,7 +36,7 @@ import sentencepiece
 import torch
 
 import translate
-from translate.config import Config, config_from_dict
+from translate.config import Config, agrees, config_from_dict
 from translate.errors import UserError, is_disk_full
 from translate.model import Transformer
 from translate.textio import atomic_write, check_output_path
@@ -210,8 +210,13 @@ def check_resumable(ckpt: dict[str, Any], path: Path) -> None:
         )
 
 
-# the model settings that make two checkpoints' weights mean the same thing (dropout and init do not)
-ARCHITECTURE = ("d_model", "n_heads", "d_ff", "encoder_layers", "decoder_layers", "norm", "tie_embeddings")
+# model settings the same weights may have been trained under (the others give them their meaning)
+FREE_MODEL_KEYS = ("dropout", "attention_dropout", "init")
+
+
+def model_differences(here: dict[str, Any], there: dict[str, Any]) -> list[str]:
+    """The `model` settings (config sections as dicts) in which two models' weights differ in meaning."""
+    return [k for k in here if k not in FREE_MODEL_KEYS and not agrees(here[k], there.get(k))]
 
 
 def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
@@ -231,10 +236,12 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
             newest = {k: ckpt[k] for k in ("step", "epoch") if k in ckpt}
         if ckpt["spm_model"] != first["spm_model"] or ckpt["model"].keys() != total.keys():
             raise UserError(f"{path}: another model or vocabulary than {paths[0]}; only checkpoints of one run average")
-        for key in ARCHITECTURE:  # those the weights' shapes do not show (n_heads, norm)
-            a, b = first["config"]["model"].get(key), ckpt["config"]["model"].get(key)
-            if a != b:
-                raise UserError(f"{path}: model.{key} {b}, {paths[0]} has {a}; only checkpoints of one model average")
+        here, there = first["config"]["model"], ckpt["config"]["model"]
+        if differ := model_differences(here, there):  # those the weights' shapes do not show (n_heads, norm)
+            key = differ[0]
+            raise UserError(
+                f"{path}: model.{key} {there.get(key)}, {paths[0]} has {here[key]}; only checkpoints of one model average"
+            )
         for k, v in ckpt["model"].items():
             if v.shape != total[k].shape:
                 raise UserError(
