@@ -3,7 +3,11 @@ import json
 import logging
 import os
 import signal
+import subprocess
+import sys
+import time
 import weakref
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +20,7 @@ from translate.config import load_config
 from translate.data import NpyWriter, Prefetcher, SplitData, TokenData, TokenWriter, collate, write_token_data
 from translate.errors import UserError
 from translate.prepare import SeenHashes, clean_text_pairs, keep_lengths, length_filter, prepare
+from translate.rundir import RunLock
 from translate.tokenizer import BOS, EOS, PAD
 
 # ---------------------------------------------------------------------------- cleaning
@@ -280,6 +285,49 @@ def test_a_worker_that_dies_is_a_clear_error_not_a_hang(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="encoding worker process died.*data.num_workers=2"):
         prepare(cfg)
     assert not (cfg.run_path / "data" / "meta.json").exists()
+
+
+KILLED_PREPARE = """
+import os, sys, time
+from pathlib import Path
+from translate import prepare as m
+from translate.config import load_config
+
+def stuck(sp, pairs, dtype, limits):  # a worker that would encode for a long time
+    Path(sys.argv[2]).write_text(str(os.getpid()))
+    time.sleep(120)
+
+m.encode_pairs = stuck
+m.prepare(load_config(sys.argv[1], ["data.num_workers=2"]))
+"""
+
+
+def process_ended(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_workers_end_with_a_killed_prepare_and_free_the_run(tmp_path):
+    config, worker_pid = tiny_config(tmp_path), tmp_path / "worker.pid"
+    parent = subprocess.Popen([sys.executable, "-c", KILLED_PREPARE, str(config), str(worker_pid)])
+    try:
+        deadline = time.monotonic() + 120
+        while not worker_pid.exists() or not worker_pid.read_text():
+            assert parent.poll() is None and time.monotonic() < deadline, "no worker started encoding"
+            time.sleep(0.1)
+        worker = int(worker_pid.read_text())
+        parent.kill()  # as the OOM killer or kill -9 would: no handler runs
+        parent.wait()
+        deadline = time.monotonic() + 20
+        while not process_ended(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert process_ended(worker), "an encoding worker outlived its killed parent"
+        RunLock(load_config(config).run_path).release()  # nobody holds the run's lock
+    finally:
+        parent.kill()
 
 
 def test_missing_valid_and_test_are_held_out_of_train(tmp_path):

@@ -386,6 +386,10 @@ def decode_cases(f: SimpleNamespace, ckpt: Path) -> dict[str, tuple[list, list]]
             ["--report and --json are the same file"],
         ),
         "output without a source": (["evaluate", "--hyp", ref, "--ref", ref, "-o", out], ["--output", "--hyp"]),
+        "search options without a source": (
+            ["evaluate", "--hyp", ref, "--ref", ref, "--beam", "4", "--no-split"],
+            ["--beam, --no-split", "with --hyp nothing is translated"],
+        ),
         "json dir missing": (["evaluate", "--hyp", ref, "--ref", ref, "--json", f.dir / "no" / "s.json"], ["--json"]),
         "attention layer": (["attention", ckpt, "Hello.", "--layer", "5", "-o", f.dir / "a.png"], ["--layer 5"]),
         "attention head": (["attention", ckpt, "Hello.", "--head", "7", "-o", f.dir / "a.png"], ["--head 7"]),

@@ -14,6 +14,7 @@ The id arrays are written and read by data.py.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import itertools
 import json
@@ -22,6 +23,7 @@ import multiprocessing
 import os
 import random
 import signal
+import sys
 from collections import deque
 from collections.abc import Generator, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -323,14 +325,26 @@ def encode_pairs(
 
 
 _worker_sp: spm.SentencePieceProcessor | None = None
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
-def _start_worker(model_bytes: bytes) -> None:
+def end_with_parent(parent: int) -> None:
+    """On Linux, have this (forked) process sent SIGTERM when its parent ends, however it ends: a
+    `translate prepare` killed by the OOM killer or `kill -9` would otherwise leave its workers
+    running, holding the run's lock (their copy of its file) until killed by hand."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the parent ended before prctl took effect
+        os._exit(1)
+
+
+def _start_worker(model_bytes: bytes, parent: int) -> None:
     global _worker_sp
     # Ctrl-C reaches the whole process group: the parent stops the pool, its workers say nothing; a
     # SIGTERM ends a worker quietly (forked, it would otherwise run the command's handler)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    end_with_parent(parent)
     _worker_sp = spm.SentencePieceProcessor(model_proto=model_bytes)
 
 
@@ -347,7 +361,7 @@ def _encoded_chunks(tasks: Iterable[tuple[Any, ...]], tok: Tokenizer, workers: i
     # fork: a worker starts in milliseconds and shares the parent's memory until it writes to it
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
     with ProcessPoolExecutor(
-        workers, mp_context=context, initializer=_start_worker, initargs=(tok.model_bytes,)
+        workers, mp_context=context, initializer=_start_worker, initargs=(tok.model_bytes, os.getpid())
     ) as pool:
         pending: deque[Future] = deque()
         try:

@@ -193,6 +193,8 @@ def evaluate_files(
 
     if hyp is not None and output is not None:
         raise UserError("--output writes the translation of --src; with --hyp there is nothing to translate")
+    if hyp is not None:
+        _refuse_decoding_options(spec, split)
     named = (("--report", report), ("--output", output), ("--json", json_out))
     outputs = [(option, Path(path)) for option, path in named if path is not None]
     for i, (option, path) in enumerate(outputs):
@@ -220,6 +222,20 @@ def evaluate_files(
         write_report(report, page)
         printed.append(f"report written to {report}")
     return printed
+
+
+def _refuse_decoding_options(spec: EngineSpec, split: bool) -> None:
+    """With --hyp nothing is translated: an option that says how to translate would be ignored."""
+    options = {
+        "--beam": "beam_size", "--lenpen": "length_penalty", "--batch-tokens": "batch_tokens", "--workers": "workers",
+        "--device": "device", "--dtype": "dtype", "--quantize": "quantize", "--no-protect": "protect",
+        "--glossary": "glossary",
+    }  # fmt: skip
+    defaults = EngineSpec(())
+    given = [option for option, field in options.items() if getattr(spec, field) != getattr(defaults, field)]
+    given += ["--no-split"] * (not split)
+    if given:
+        raise UserError(f"{', '.join(given)}: how --src is translated; with --hyp nothing is translated, drop them")
 
 
 def _evaluation_inputs(
