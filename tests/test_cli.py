@@ -5,9 +5,12 @@ import os
 import sys
 
 import pytest
+import torch
 import yaml
 from conftest import FIXTURES, run_cli, run_main, tiny_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from translate.checkpoint import load_checkpoint
 
 COMMANDS = ["prepare", "train", "decode", "evaluate", "average", "tune", "attention", "info", "plot"]
 
@@ -117,6 +120,10 @@ def test_info_average_attention(trained_run, tmp_path):
     run, _ = trained_run
     info = run_cli("info", run / "checkpoints" / "last.pt").stdout
     assert "step: 8" in info and "parameters:" in info and "vocabulary: 300" in info
+    ckpt = load_checkpoint(run / "checkpoints" / "last.pt")
+    ckpt["metrics"] = {"bleu": None, "loss": 3}  # made by hand: info prints what is there
+    torch.save(ckpt, tmp_path / "odd.pt")
+    assert "validation: bleu None, loss 3.000" in run_cli("info", tmp_path / "odd.pt").stdout
     avg = tmp_path / "avg.pt"
     run_cli("average", "--last", "2", "--run", run, "-o", avg)
     assert "averaged from" in run_cli("info", avg).stdout

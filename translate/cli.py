@@ -598,10 +598,10 @@ def info(checkpoint: Checkpoint) -> None:
     typer.echo(f"step: {ckpt.get('step')}  epoch: {ckpt.get('epoch')}  parameters: {n_params:,}")
     typer.echo(f"vocabulary: {ckpt['vocab_size']} SentencePiece pieces ({cfg.vocab.model_type})")
     if ckpt.get("metrics"):
-        typer.echo("validation: " + ", ".join(f"{k} {v:.3f}" for k, v in ckpt["metrics"].items()))
+        typer.echo("validation: " + ", ".join(f"{k} {_number(v)}" for k, v in ckpt["metrics"].items()))
     if ckpt.get("progress", {}).get("best") is not None:
         p = ckpt["progress"]
-        typer.echo(f"best valid {cfg.train.best_metric}: {p['best']:.3f} at step {p['best_step']}")
+        typer.echo(f"best valid {cfg.train.best_metric}: {_number(p['best'])} at step {p['best_step']}")
     if ckpt.get("hardware"):
         h = ckpt["hardware"]
         typer.echo(f"trained on: {h['device']} x{h['world_size']}, {h['precision']} ({h['reason']})")
@@ -617,6 +617,11 @@ def info(checkpoint: Checkpoint) -> None:
         typer.echo(f"averaged from: {', '.join(ckpt['averaged_from'])}")
     typer.echo("versions: " + ", ".join(f"{k} {v}" for k, v in ckpt.get("versions", {}).items()))
     typer.echo("config:\n" + yaml.safe_dump(ckpt["config"], sort_keys=False).rstrip())
+
+
+def _number(value: object) -> str:
+    """A metric as info prints it: 3 decimals, or as it is (a hand-made checkpoint may hold anything)."""
+    return f"{value:.3f}" if isinstance(value, (int, float)) else str(value)
 
 
 class Terminated(BaseException):
