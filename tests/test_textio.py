@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import os
 import stat
+import subprocess
+import sys
+import threading
 
 import pytest
 
 from translate.decoding import translate_lines
 from translate.errors import UserError
 from translate.options import SearchOptions
-from translate.textio import read_lines, write_translations
+from translate.textio import read_lines, write_text, write_translations
 
 
 def test_read_lines(tmp_path):
@@ -91,3 +96,22 @@ def test_atomic_path_replaces_whole_or_not_at_all(tmp_path):
         tmp.write_bytes(b"new picture")
     assert target.read_bytes() == b"new picture" and (target.stat().st_mode & 0o777) == 0o640
     assert len(list(tmp_path.iterdir())) == 1
+
+
+def test_a_fifo_or_a_device_is_written_into_not_replaced(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    write_text(fifo, "une ligne\n")
+    reader.join(timeout=30)
+    assert got == [b"une ligne\n"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert list(tmp_path.iterdir()) == [fifo]  # no temporary file left beside it
+    # /dev/stdout of a process whose stdout is a pipe: a link to a pipe, which has no path
+    ref = tmp_path / "ref.fr"
+    ref.write_text("Au commencement, Dieu créa les cieux et la terre.\n")
+    command = ["evaluate", "--hyp", ref, "--ref", ref, "--json", "/dev/stdout"]
+    result = subprocess.run([sys.executable, "-m", "translate", *map(str, command)], capture_output=True, text=True)
+    assert result.returncode == 0 and "Traceback" not in result.stderr
+    assert json.loads(result.stdout[: result.stdout.rindex("}") + 1])["bleu"] == 100.0

@@ -98,10 +98,21 @@ def _stdin() -> IO[bytes]:
 # ---------------------------------------------------------------------------- writing
 
 
+def is_special_file(path: str | Path) -> bool:
+    """Whether `path` (through its links) is a FIFO, a device or a socket: such a file is written into
+    (`-o /dev/stdout`, a named pipe), never replaced by a new one."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 def through_link(path: str | Path) -> Path:
-    """The file a symbolic link names (written through, as an editor does), else `path` itself."""
+    """The file a symbolic link names (written through, as an editor does), else `path` itself; a
+    link to a special file stays as given (/dev/stdout's target may be a pipe, which has no path)."""
     path = Path(path)
-    return Path(os.path.realpath(path)) if path.is_symlink() else path
+    return Path(os.path.realpath(path)) if path.is_symlink() and not is_special_file(path) else path
 
 
 def check_output_path(
@@ -111,6 +122,10 @@ def check_output_path(
     directory must exist and be writable, and it must be neither a directory nor one of `inputs`
     (writing it would destroy them). Returns the path to write."""
     path = through_link(path) if follow_link else Path(path)
+    if is_special_file(path):  # written into as it is: its directory and the inputs do not matter
+        if not os.access(path, os.W_OK):
+            raise UserError(f"{what} {path} is not writable")
+        return path
     if path.is_dir():
         raise UserError(f"{what} {path} is a directory; give a file name")
     if not path.parent.is_dir():
@@ -150,8 +165,12 @@ def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
     succeeds: it is fsynced, given the permissions of the file it replaces (a new file: the
     umask's) and renamed over `path`; on any error it is removed and the file that was at `path`
     is left as it was. A symbolic link at `path` is replaced, not followed (check_output_path gives
-    the file a link the user named stands for)."""
+    the file a link the user named stands for). A FIFO or a device (`/dev/stdout`) is written into
+    directly: it cannot be replaced, and what is written into it is gone at once anyway."""
     path = Path(path)
+    if is_special_file(path):
+        yield path
+        return
     try:
         permissions = stat.S_IMODE(os.stat(path).st_mode)
     except OSError:  # no file there yet (or none we can see): a new file's
