@@ -417,13 +417,15 @@ def test_in_process_answers_are_the_engines_translations(tiny_engine):
         (b'{"text": "a", "length_penalty": Infinity}', 400, "finite"),  # Python's json reads it
         (b'{"text": "a\\ud800 b"}', 400, "lone surrogate"),
         ({"texts": ["a", "b", "c"]}, 413, "at most 2 (--max-texts)"),
-        ({"text": "a" * 300}, 413, "--max-request-bytes"),
+        ({"text": "a" * 300_000}, 413, "--max-request-bytes"),
         ({"sentence": "a"}, 400, "unknown field 'sentence'"),
+        (b'{"text": "a", "glossary": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "nested too deeply"),
+        (b'{"text": "a", "beam_size": 1' + b"0" * 5000 + b"}", 400, "not valid JSON"),
     ],
 )
 def test_in_process_limits_and_checks(body, status, message):
     engine = StubEngine()
-    client = client_of(engine, max_texts=2, max_request_bytes=200, max_beam=8)
+    client = client_of(engine, max_texts=2, max_request_bytes=300_000, max_beam=8)
     response = (
         client.post("/translate", content=body) if isinstance(body, bytes) else client.post("/translate", json=body)
     )
@@ -460,6 +462,8 @@ def test_in_process_a_full_queue_is_503_and_a_failed_search_500():
     assert failed.status_code == 500 and failed.json() == {"error": "the decoding process ended"}
     broken = client_of(StubEngine(RuntimeError("boom"))).post("/translate", json={"text": "a"})
     assert broken.status_code == 500 and broken.json() == {"error": "RuntimeError: boom"}
+    refused = client_of(StubEngine(UserError("too much inline markup"))).post("/translate", json={"text": "a"})
+    assert refused.status_code == 400 and refused.json() == {"error": "too much inline markup"}  # the request's fault
 
 
 def test_in_process_unknown_paths_and_methods_are_json():

@@ -3,7 +3,7 @@
 A document is cut into blocks of running text (a paragraph, a heading, a list item, a table
 cell, an attribute value). Within a block, each inline tag or piece of inline syntax (`<b>`,
 `<a href="...">`, `**`, `[`, `](url)`, an inline `<code>` element or code span, a comment)
-is replaced by one private-use character (U+E000...), which protect.py masks as a placeholder:
+is replaced by one private-use character (U+E000..., then planes 15 and 16), which protect.py masks as a placeholder:
 the sentence is translated with the markup as units that the model places. Blocks are split into
 sentences (segment.py) and every sentence of the document is translated in one call of
 `translate_batch` (sentences in, translations out, in order), which must carry the markup
@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable, Sequence
 
 from translate.errors import UserError
-from translate.protect import MARKUP
+from translate.protect import MARKUP, PRIVATE_USE
 from translate.segment import translate_texts
 
 _LETTER = re.compile(r"[^\W\d_]")
@@ -42,17 +42,15 @@ class Markup:
     of markup (skipping any character the document itself holds); `expand` puts them back."""
 
     def __init__(self, document: str) -> None:
-        self.taken = set(MARKUP.findall(document))
+        taken = set(MARKUP.findall(document))
+        every = (chr(c) for first, last in PRIVATE_USE for c in range(first, last + 1))
+        self.free = (char for char in every if char not in taken)
         self.pieces: dict[str, object] = {}
-        self.next = 0xE000
 
     def code(self, piece: object) -> str:
-        while chr(self.next) in self.taken:
-            self.next += 1
-        if self.next > 0xF8FF:
-            raise UserError("too much inline markup in one document (more than 6400 pieces)")
-        char = chr(self.next)
-        self.next += 1
+        char = next(self.free, None)
+        if char is None:
+            raise UserError(f"too much inline markup in one document (more than {len(self.pieces):,} pieces)")
         self.pieces[char] = piece
         return char
 

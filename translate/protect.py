@@ -23,7 +23,7 @@ attribute is part of the tag; a number inside a URL part of the URL).
 
 Two more kinds of span are protected whatever the classes:
 
-    markup   a private-use character (U+E000-U+F8FF): markup.py stands one for each inline
+    markup   a private-use character (U+E000-U+F8FF, planes 15 and 16): markup.py stands one for each inline
              tag or piece of Markdown syntax within a sentence; no other span runs across one
     term     an entry of a glossary (glossary.py): it comes back as the entry's target term
 
@@ -76,7 +76,8 @@ _ESCAPES_COMPILED = {name: re.compile(p) for name, p in _ESCAPES.items()}
 _NAME = re.compile(r"\b[A-Z][\w'-]{2,}\b")
 
 
-MARKUP = re.compile("[\ue000-\uf8ff]")
+PRIVATE_USE = ((0xE000, 0xF8FF), (0xF0000, 0xFFFFD), (0x100000, 0x10FFFD))  # Unicode's three areas
+MARKUP = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in PRIVATE_USE) + "]")
 
 
 class Terms(Protocol):

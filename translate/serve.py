@@ -80,7 +80,9 @@ def parse_request(body: bytes, defaults: SearchOptions, limits: ServingLimits) -
         raise RequestError(400, 'empty body: send a JSON object such as {"text": "Hello."}')
     try:
         request = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except RecursionError:
+        raise RequestError(400, "the body is not valid JSON: nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4,300 digits
         raise RequestError(400, f"the body is not valid JSON: {e}") from None
     if not isinstance(request, dict):
         raise RequestError(400, f'the body must be a JSON object such as {{"text": "Hello."}}, not {_kind(request)}')
@@ -214,6 +216,8 @@ def create_app(engine: TranslationEngine, limits: ServingLimits, *, log_text: bo
             status, response = 413, error(413, str(e))
         except QueueFull as e:
             status, response = 503, error(503, str(e))
+        except UserError as e:  # the request's own fault found while translating it (a document's markup)
+            status, response = 400, error(400, str(e))
         except Exception as e:  # a fault in decoding: reported, the server goes on
             status, response = 500, error(500, str(e) if isinstance(e, DecodingFailed) else f"{type(e).__name__}: {e}")
         else:
