@@ -136,15 +136,15 @@ def test_format_and_glossary_go_only_when_set(page):
     assert json.loads(page.run(build)) == {"text": "The cloud.", "beam_size": 3, "length_penalty": 0.6}
     page.run("document.getElementById('format').value = 'html'")
     page.run("document.getElementById('glossary-box').open = true")
-    page.type("#glossary", "cloud\tnuage\n# a comment\n\npull  request \t demande de fusion")
-    assert page.run("document.getElementById('glossary-count').textContent") == "(2 terms)"
+    page.type("#glossary", "cloud\tnuage\n# a comment\n\npull  request \t demande de fusion\nconstructor\tconstructeur")
+    assert page.run("document.getElementById('glossary-count').textContent") == "(3 terms)"
     assert json.loads(page.run(build)) == {
         "text": "The cloud.",
         "format": "html",
         "beam_size": 3,
         "length_penalty": 0.6,
-        "glossary": {"cloud": "nuage", "pull request": "demande de fusion"},
-    }
+        "glossary": {"cloud": "nuage", "pull request": "demande de fusion", "constructor": "constructeur"},
+    }  # a term named like a property of JavaScript's objects is a term like any other
 
 
 def test_a_document_with_a_glossary_gets_what_decode_gives(page, checkpoint, tmp_path):
