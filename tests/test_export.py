@@ -333,6 +333,39 @@ def test_force_replaces_and_empty_dir_is_used(checkpoints, tmp_path):
     for d in (full, empty):
         assert (d / "model.bin").is_file() and not (d / "old.txt").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "full"]
+    # the working directory (empty, then with --force), and a link's directory: written into, kept
+    here, link = tmp_path / "here", tmp_path / "link"
+    here.mkdir()
+    link.symlink_to(full)
+    run_cli("export", checkpoints["post"], ".", "--to", "ctranslate2", cwd=here)
+    (here / "mine.txt").write_text("mine")
+    run_cli("export", checkpoints["post"], ".", "--to", "ctranslate2", "--force", cwd=here)
+    run_cli("export", checkpoints["post"], link, "--to", "ctranslate2", "--force")
+    assert link.is_symlink() and sorted(p.name for p in here.iterdir()) == sorted(p.name for p in full.iterdir())
+    assert (here / "model.bin").is_file() and not (here / "mine.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "full", "here", "link"]
+
+
+@needs_ct2
+def test_a_failed_swap_puts_the_directory_back(checkpoints, tmp_path, monkeypatch):
+    from translate import export as export_module
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "a.txt").write_text("a")
+    (out / "b.txt").write_text("b")
+    replace, calls = os.replace, []
+
+    def fails_on_the_second_move_in(src, dst):
+        calls.append(dst)
+        if Path(dst).parent == out and len([c for c in calls if Path(c).parent == out]) == 2:
+            raise OSError(28, "No space left on device")
+        return replace(src, dst)
+
+    monkeypatch.setattr(export_module.os, "replace", fails_on_the_second_move_in)
+    with pytest.raises(OSError, match="No space left"):
+        export_module.export(checkpoints["post"], "ctranslate2", out, force=True)
+    assert sorted(p.name for p in out.iterdir()) == ["a.txt", "b.txt"]  # as it was, nothing of ours left
 
 
 def test_missing_library_is_one_line(monkeypatch, checkpoints, tmp_path):

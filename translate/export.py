@@ -39,7 +39,7 @@ from translate.checkpoint import checkpoint_config, load_checkpoint
 from translate.config import Config
 from translate.errors import UserError
 from translate.model import Transformer
-from translate.textio import UMASK
+from translate.textio import UMASK, through_link
 from translate.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 
 TARGETS = ("ctranslate2", "huggingface")
@@ -85,7 +85,7 @@ def export(
     """Write `checkpoint` as a `to` model directory at `out_dir`. The directory is built next to
     `out_dir` and renamed into place when complete: a failure leaves nothing behind (and, with
     `force`, the directory that was there as it was)."""
-    out_dir = Path(out_dir)
+    out_dir = through_link(os.path.abspath(out_dir))  # "." has a name; a link's directory is written
     check_request(to, quantize)
     check_output_dir(out_dir, force, checkpoint)
     ckpt = load_checkpoint(checkpoint)
@@ -105,7 +105,11 @@ def export(
         raise UserError(
             f"output directory {out_dir}: cannot create {out_dir.parent}: {os.strerror(e.errno or 0)}"
         ) from None
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    home = out_dir if out_dir.is_dir() else out_dir.parent  # where it is built: on the file system it goes to
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=home))
+    except OSError as e:  # e.g. under /proc or /sys
+        raise UserError(f"output directory {out_dir}: cannot write in {home}: {os.strerror(e.errno or 0)}") from None
     try:
         if to == "ctranslate2":
             write_ctranslate2(model, tokenizer, tmp, quantize)
@@ -124,19 +128,32 @@ def export(
 
 
 def replace_dir(new: Path, target: Path) -> None:
-    """Rename `new` to `target`; a `target` already there (checked empty, or --force) goes once `new` is in place."""
+    """Put the files of `new` in `target`. A new `target` is `new` renamed. One already there (checked
+    empty, or --force) stays the directory it is (a mount point, the working directory, a link's
+    directory) and has its entries swapped: its own set aside in a directory beside `new` (both
+    inside it, on its file system), then `new`'s moved in; on an error all go back as they were."""
     if not target.exists():
         os.replace(new, target)
         return
-    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
-    os.replace(target, old / "dir")
+    old = Path(tempfile.mkdtemp(prefix=new.name.removesuffix(".tmp"), suffix=".old", dir=new.parent))
+    moved_out: list[str] = []
+    moved_in: list[str] = []
     try:
-        os.replace(new, target)
+        for entry in [e for e in target.iterdir() if e not in (new, old)]:
+            os.replace(entry, old / entry.name)
+            moved_out.append(entry.name)
+        for entry in list(new.iterdir()):
+            os.replace(entry, target / entry.name)
+            moved_in.append(entry.name)
     except BaseException:
-        os.replace(old / "dir", target)
+        for name in moved_in:
+            os.replace(target / name, new / name)
+        for name in moved_out:
+            os.replace(old / name, target / name)
         raise
     finally:
         shutil.rmtree(old, ignore_errors=True)
+    new.rmdir()
 
 
 def readme(
@@ -154,7 +171,8 @@ def readme(
     )
     if to == "ctranslate2":
         weights = quantize or "float32"
-        return f"""# {name}: English->French, CTranslate2
+        return (
+            f"""# {name}: English->French, CTranslate2
 
 {source}
 Weights: {weights}. Files: `model.bin`, `config.json`, `shared_vocabulary.json` (CTranslate2),
@@ -174,7 +192,10 @@ print(sp.decode(results[0].hypotheses[0]).rstrip(" "))  # as translate decode: n
 The source's end token is added by CTranslate2. Its length penalty divides by len ** alpha
 (`length_penalty=`), its maximum length is one per batch (`max_decoding_length=`, default 256).
 """
-    return f"""# {name}: English->French, Hugging Face transformers (MarianMT)
+            + DIFFERS
+        )
+    return (
+        f"""# {name}: English->French, Hugging Face transformers (MarianMT)
 
 {source}
 Files: `config.json`, `generation_config.json`, `model.safetensors` (MarianMTModel), `source.spm`
@@ -194,6 +215,15 @@ With transformers 4 (version 5 removed the translation pipeline):
 `generation_config.json` holds beam {d.beam_size} and length penalty {d.length_penalty}, which transformers applies as
 len ** alpha; `max_length` is the model's {m.max_positions} positions. The model's dimensions are
 stored in Marian's order (sines, then cosines): the outputs are those of the checkpoint.
+"""
+        + DIFFERS
+    )
+
+
+DIFFERS = """
+The model translates each input as one sequence, as it is: unlike `translate decode`, nothing cuts
+paragraphs into sentences, masks protected spans (numbers, URLs, placeholders, markup) or applies a
+glossary. Give it one sentence at a time.
 """
 
 
