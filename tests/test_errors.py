@@ -290,6 +290,7 @@ def test_average_mistakes(cli, trained_run, broken, tmp_path):
         (["average", ckpts / "best.pt", "-o", out], ["at least two checkpoints"]),
         (["average", step_4, ckpts / "last.pt", "-o", twin], ["twin.pt", "one of the input files"]),
         (["average", step_4, heads, "-o", out], ["heads.pt", "model.n_heads", "one model"]),
+        (["average", step_4, twin, "-o", out], ["step_0000004.pt and", "twin.pt are the same checkpoint"]),
         (["average", ckpts / "best.pt", broken.text, "-o", out], ["text.pt", "not a checkpoint"]),
         (["average", ckpts / "best.pt", broken.shapes, "-o", out], ["shapes.pt", "has shape"]),
         (["average", "--last", "0", "--run", run, "-o", out], ["--last must be at least 2"]),

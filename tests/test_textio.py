@@ -14,7 +14,7 @@ import pytest
 from translate.decoding import translate_lines
 from translate.errors import UserError
 from translate.options import SearchOptions
-from translate.textio import read_lines, write_text, write_translations
+from translate.textio import check_same_length, read_lines, write_text, write_translations
 
 
 def test_read_lines(tmp_path):
@@ -115,3 +115,13 @@ def test_a_fifo_or_a_device_is_written_into_not_replaced(tmp_path):
     result = subprocess.run([sys.executable, "-m", "translate", *map(str, command)], capture_output=True, text=True)
     assert result.returncode == 0 and "Traceback" not in result.stderr
     assert json.loads(result.stdout[: result.stdout.rindex("}") + 1])["bleu"] == 100.0
+
+
+def test_a_line_count_mismatch_names_blank_lines_at_the_end():
+    with pytest.raises(
+        UserError, match=r"^h.fr has 2 lines but r.fr has 3: they must match \(r.fr ends in 1 blank line\)$"
+    ):
+        check_same_length("h.fr", ["a", "b"], "r.fr", ["a", "b", " "])
+    with pytest.raises(UserError, match=r"they must match$"):  # the extra line is not blank
+        check_same_length("h.fr", ["a", "b"], "r.fr", ["a", "", "c"])
+    check_same_length("h.fr", ["a"], "r.fr", ["b"])

@@ -459,13 +459,18 @@ def average(
             raise UserError(f"--run {run}: not a run directory (it has no checkpoints/)")
         paths = step_checkpoints(run / "checkpoints")[-last:]
         if len(paths) < last:
-            raise UserError(f"{run / 'checkpoints'} holds {len(paths)} step checkpoints, fewer than --last {last}")
+            raise UserError(
+                f"{run / 'checkpoints'} holds {len(paths)} step checkpoint{'s' * (len(paths) != 1)}, fewer than --last {last}"
+            )
     else:
         if run is not None:
             raise UserError("--run goes with --last N")
         paths = list(checkpoints or [])
     if len(paths) < 2:
         raise UserError("average needs at least two checkpoints (or --last N --run RUN_DIR/NAME)")
+    for i, later in enumerate(paths):  # best.pt and last.pt are often hard links of a step checkpoint
+        if twin := next((p for p in paths[:i] if p.exists() and later.exists() and p.samefile(later)), None):
+            raise UserError(f"{twin} and {later} are the same checkpoint (one file); give distinct ones")
     path = check_output_path(output, "--output", paths)  # before the inputs are read: a mistake costs no time
     atomic_save(average_checkpoints(paths), path)
     typer.echo(f"averaged {len(paths)} checkpoints into {output}")
@@ -496,13 +501,12 @@ def tune(
     """Choose the length penalty with the best BLEU on --src/--ref (the checkpoint's beam) and write it
     into the checkpoint's decode section, the default of every command that translates with it."""
     from translate.engine import EngineSpec
-    from translate.textio import read_all_lines
+    from translate.textio import check_same_length, read_all_lines
     from translate.tune import tune_checkpoint
 
     _keep_freed_memory()
     sources, references = read_all_lines(src, "source"), read_all_lines(ref, "reference")
-    if len(sources) != len(references):
-        raise UserError(f"{src} has {len(sources)} lines but {ref} has {len(references)}: they must match")
+    check_same_length(src, sources, ref, references)
     spec = EngineSpec(
         [checkpoint], device=device, dtype=dtype, protect=True, batch_tokens=batch_tokens, workers=workers
     )

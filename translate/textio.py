@@ -61,6 +61,19 @@ def _open(path: Path, what: str) -> IO[bytes]:
     return path.open("rb")
 
 
+def check_same_length(path: str | Path, lines: list[str], ref: str | Path, references: list[str]) -> None:
+    """A UserError unless the two files have as many lines; it says so where the longer one's extra
+    lines are blank ones at its end (an editor's extra newline)."""
+    if len(lines) == len(references):
+        return
+    message = f"{path} has {len(lines)} lines but {ref} has {len(references)}: they must match"
+    longer, name = (lines, path) if len(lines) > len(references) else (references, ref)
+    blank = next((k for k, line in enumerate(reversed(longer)) if line.strip()), len(longer))
+    if blank >= abs(len(lines) - len(references)):
+        message += f" ({name} ends in {blank} blank line{'s' * (blank > 1)})"
+    raise UserError(message)
+
+
 def read_all_lines(path: str | Path, what: str) -> list[str]:
     """All the lines of a file (see read_lines) as a list; an empty file is a UserError."""
     lines = list(read_lines(Path(path), what))

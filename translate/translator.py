@@ -26,6 +26,7 @@ from translate.segment import translate_paragraphs
 from translate.textio import (
     atomic_write,
     check_output_path,
+    check_same_length,
     read_all_lines,
     read_lines,
     read_text,
@@ -235,7 +236,9 @@ def _refuse_decoding_options(spec: EngineSpec, split: bool) -> None:
     given = [option for option, field in options.items() if getattr(spec, field) != getattr(defaults, field)]
     given += ["--no-split"] * (not split)
     if given:
-        raise UserError(f"{', '.join(given)}: how --src is translated; with --hyp nothing is translated, drop them")
+        raise UserError(
+            f"{', '.join(given)}: how --src is translated; with --hyp nothing is translated, drop {'them' if len(given) > 1 else 'it'}"
+        )
 
 
 def _evaluation_inputs(
@@ -249,8 +252,7 @@ def _evaluation_inputs(
         if path is None:
             return None
         lines = read_all_lines(path, what)
-        if len(lines) != len(references):
-            raise UserError(f"{path} has {len(lines)} lines but {ref} has {len(references)}: they must match")
+        check_same_length(path, lines, ref, references)
         return lines
 
     sources = read_matching(src, "source")
