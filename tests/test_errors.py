@@ -366,6 +366,11 @@ def decode_cases(f: SimpleNamespace, ckpt: Path) -> dict[str, tuple[list, list]]
             ["--output", "one of the input files"],
         ),
         "unknown device": (["decode", ckpt, "-i", f.odd_en, "--device", "tpu"], ["--device", "'tpu'"]),
+        "output names a directory": (["decode", ckpt, "-i", f.odd_en, "-o", "new/"], ["--output", "new/ ends in '/'"]),
+        "json names a directory": (
+            ["evaluate", "--hyp", f.two_fr, "--ref", f.two_fr, "--json", "j/"],
+            ["--json", "j/"],
+        ),
         "line counts": (["evaluate", "--hyp", f.two_fr, "--ref", f.three_fr], ["two.fr has 1 lines", "three.fr has 3"]),
         "empty reference": (["evaluate", "--hyp", f.empty_fr, "--ref", f.empty_fr], ["empty.fr is empty"]),
         "undecodable hypothesis": (["evaluate", "--hyp", f.bad_en, "--ref", f.two_en], ["bad.en:2", "UTF-8"]),

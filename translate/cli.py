@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -48,6 +49,15 @@ SetOpt = Annotated[
 Checkpoint = Annotated[
     Path, typer.Argument(help="A checkpoint written by `translate train` (e.g. runs/NAME/checkpoints/best.pt).")
 ]
+
+
+def file_name(value: str | Path) -> Path:
+    """An output file's name as given: one ending in '/' names a directory (a Path would drop the '/')."""
+    if isinstance(value, str) and value.endswith(("/", os.sep)):
+        raise typer.BadParameter(f"{value} ends in '/', which names a directory; give a file name")
+    return Path(value)
+
+
 BeamOpt = Annotated[
     Optional[int],
     typer.Option("--beam", "-b", help="Beam size; 1 = greedy. Default: the checkpoint's decode.beam_size."),
@@ -304,7 +314,10 @@ def decode(
             "--input", "-i", help="English text, one paragraph a line (or an HTML or Markdown document); - for stdin."
         ),
     ] = "-",
-    output: Annotated[str, typer.Option("--output", "-o", help="Where the French goes; - for stdout.")] = "-",
+    output: Annotated[
+        str,
+        typer.Option("--output", "-o", help="Where the French goes; - for stdout.", parser=lambda v: str(file_name(v))),
+    ] = "-",
     beam: BeamOpt = None,
     lenpen: LenpenOpt = None,
     nbest: Annotated[int, typer.Option("--nbest", help="Write the K best translations of each line.")] = 1,
@@ -356,15 +369,23 @@ def evaluate(
     hyp: Annotated[
         Optional[Path], typer.Option("--hyp", help="Score this existing output instead of translating.")
     ] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Also save the translations here.")] = None,
+    output: Annotated[
+        Optional[Path], typer.Option("--output", "-o", help="Also save the translations here.", parser=file_name)
+    ] = None,
     beam: BeamOpt = None,
     lenpen: LenpenOpt = None,
     batch_tokens: BatchOpt = None,
     workers: WorkersOpt = 0,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the scores and signatures as JSON.")] = None,
+    json_out: Annotated[
+        Optional[Path], typer.Option("--json", help="Write the scores and signatures as JSON.", parser=file_name)
+    ] = None,
     report: Annotated[
         Optional[Path],
-        typer.Option("--report", help="Write an HTML page: every sentence with its chrF, worst first, and histograms."),
+        typer.Option(
+            "--report",
+            help="Write an HTML page: every sentence with its chrF, worst first, and histograms.",
+            parser=file_name,
+        ),
     ] = None,
     hyp_b: Annotated[
         Optional[Path],
@@ -440,7 +461,9 @@ def serve(
 @app.command()
 def average(
     checkpoints: Annotated[Optional[list[Path]], typer.Argument(help="Checkpoints of one run to average.")] = None,
-    output: Annotated[Path, typer.Option("--output", "-o", help="Where the averaged checkpoint goes.")] = ...,
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Where the averaged checkpoint goes.", parser=file_name)
+    ] = ...,
     last: Annotated[Optional[int], typer.Option("--last", help="Average the last N step checkpoints of --run.")] = None,
     run: Annotated[Optional[Path], typer.Option("--run", help="Run dir (RUN_DIR/NAME) for --last.")] = None,
 ) -> None:
@@ -521,7 +544,9 @@ def tune(
 def attention(
     checkpoint: Checkpoint,
     sentence: Annotated[str, typer.Argument(help="An English sentence.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Picture: .png, .pdf, .svg")] = Path("attention.png"),
+    output: Annotated[Path, typer.Option("--output", "-o", help="Picture: .png, .pdf, .svg", parser=file_name)] = Path(
+        "attention.png"
+    ),
     layer: Annotated[
         int, typer.Option("--layer", help="Layer (0-based; -1 = last): decoder, or encoder with --self encoder.")
     ] = -1,
@@ -554,7 +579,9 @@ def attention(
 @app.command()
 def plot(
     runs: Annotated[list[Path], typer.Argument(help="Run directories (RUN_DIR/NAME, or their tb/ folders).")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Picture: .png, .pdf, .svg ...")] = Path("curves.png"),
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Picture: .png, .pdf, .svg ...", parser=file_name)
+    ] = Path("curves.png"),
 ) -> None:
     """Training curves of one or several runs from their TensorBoard logs: loss, validation BLEU, learning rate."""
     from translate.plot import plot_curves
