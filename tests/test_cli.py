@@ -2,6 +2,7 @@
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -151,3 +152,15 @@ def test_user_mistakes_are_one_line(tmp_path, monkeypatch, capsys):
     ]
     code, _, err = run_main(monkeypatch, capsys, "decode", tmp_path / "nope.pt", "-i", config)
     assert code == 2 and "not found" in err and "Traceback" not in err
+
+
+def test_decode_refuses_to_write_over_the_file_its_stdin_reads(tmp_path):
+    src = tmp_path / "s.en"
+    src.write_text("Hello.\n")
+    with open(src) as stdin:  # translate decode CKPT -i - -o s.en < s.en
+        result = subprocess.run(
+            [sys.executable, "-m", "translate", "decode", "any.pt", "-i", "-", "-o", str(src)],
+            stdin=stdin, capture_output=True, text=True,
+        )  # fmt: skip
+    assert result.returncode == 2 and "one of the input files" in result.stderr
+    assert src.read_text() == "Hello.\n"

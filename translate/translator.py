@@ -96,7 +96,8 @@ def decode_file(
     if str(input) != "-" and str(output) != "-" and Path(input).resolve() == Path(output).resolve():
         raise UserError(f"--output {output} is the input file; choose another file")
     if str(output) != "-":
-        check_output_path(output, "--output", [*spec.checkpoints, spec.glossary])
+        source = input if str(input) != "-" else "/dev/stdin"  # `< FILE` makes stdin that file
+        check_output_path(output, "--output", [source, *spec.checkpoints, spec.glossary])
     if format != "text":
         return decode_document(spec, input, output, format)
     lines = read_lines(input)
