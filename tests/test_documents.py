@@ -207,6 +207,17 @@ def test_markdown_front_matter_is_kept():
     assert translate_markdown(text, protected(upper, CLASSES)) == "---\ntitle: A title\n---\n\nSOME TEXT.\n"
 
 
+def test_markdown_toml_front_matter_task_boxes_and_footnotes_stay_as_they_are():
+    text = (
+        '+++\ntitle = "A title"\n+++\n\n- [ ] Buy the bread.\n- [x] Feed the dog.\n\n'
+        "See the note[^1] here.\n\n[^1]: The note is long.\n"
+    )
+    assert translate_markdown(text, protected(reverse_words, CLASSES)) == (
+        '+++\ntitle = "A title"\n+++\n\n- [ ] BREAD. THE BUY\n- [x] DOG. THE FEED\n\n'
+        "HERE. NOTE[^1] THE SEE\n\n[^1]: LONG. IS NOTE THE\n"
+    )  # a model that moves every word keeps the boxes first, and the footnote's label whole
+
+
 def test_markdown_escapes_what_the_translation_would_make_syntax():
     out = translate_markdown("Some text here.\n", protected(lambda b: ["- a *b* [c] 1. d"] * len(b), CLASSES))
     assert md_shape(out) == md_shape("Some text here.\n")

@@ -38,6 +38,7 @@ _SYNTAX = [
     PATTERNS["tag"],  # inline HTML
     r"\]\((?:[^()\s\\]|\\.|\((?:[^()\\]|\\.)*\))*(?:\s+(?:\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|\((?:[^()\\]|\\.)*\)))?\s*\)",
     r"\]\[[^\]]*\]",  # the end of a full reference link
+    r"\[\^[^\]\s]+\]",  # a footnote reference, [^1]: one piece, its label kept
     r"!?\[|\]",
     r"\\[!-/:-@\[-`{-~]",  # a backslash escape
     r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});",  # an entity
@@ -46,7 +47,8 @@ _SYNTAX = [
 _ESCAPE = re.compile(r"[`*\[\]<]|\\(?=[!-/:-@\[-`{-~])|(?<![^\W_])_|_(?![^\W_])|&(?=#?\w+;)")
 _LINE_START = re.compile(r"^(?:[-+*](?=\s|$)|>|#{1,6}(?=\s|$)|=+\s*$|(?:[-*_]\s*){3,}$|\d{1,9}(?=[.)](?:\s|$)))")
 _CELL = re.compile(r"(?:\\.|[^|\\])+")
-_SHORTCUT = r"!?\[[^\[\]]+\](?![(\[])"  # [label]: a shortcut reference if the label is defined
+_SHORTCUT = r"!?\[(?!\^)[^\[\]]+\](?![(\[])"  # [label]: a shortcut reference if the label is defined
+_LEAD = re.compile(r"\[[ xX]\][ \t]+|\[\^[^\]\s]+\]:[ \t]*")  # a task's checkbox, a footnote's label: not text
 
 
 @functools.cache
@@ -55,10 +57,12 @@ def _parser() -> MarkdownIt:
 
 
 def _front_matter(lines: list[str]) -> int:
-    """How many lines of YAML front matter (between two `---` lines) the document starts with."""
-    if lines and lines[0].rstrip() == "---":
+    """How many lines of front matter the document starts with: YAML between two `---` lines (or
+    `---` and `...`), TOML between two `+++` lines."""
+    fence = lines[0].rstrip() if lines else ""
+    if fence in ("---", "+++"):
         for n, line in enumerate(lines[1:], 2):
-            if line.rstrip() in ("---", "..."):
+            if line.rstrip() in ((fence, "...") if fence == "---" else (fence,)):
                 return n
     return 0
 
@@ -96,6 +100,8 @@ def _slots(tokens: list, lines: list[str]) -> list[tuple[list[tuple[int, int, in
         for n, content in enumerate(token.content.split("\n")):
             line_no = token.map[0] + n
             text, line = content.strip(), lines[line_no].rstrip() if line_no < len(lines) else ""
+            if n == 0 and (lead := _LEAD.match(text)):  # stays where it is, at the start of the block
+                text = text[lead.end() :]
             start = len(line) - len(text) if line.endswith(text) else line.rfind(text)
             if start < 0:
                 slots = []
