@@ -12,6 +12,7 @@ from conftest import FIXTURES, run_cli, run_main, tiny_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from translate.checkpoint import load_checkpoint
+from translate.errors import UserError
 
 COMMANDS = ["prepare", "train", "decode", "evaluate", "average", "tune", "attention", "info", "plot"]
 
@@ -164,3 +165,9 @@ def test_decode_refuses_to_write_over_the_file_its_stdin_reads(tmp_path):
         )  # fmt: skip
     assert result.returncode == 2 and "one of the input files" in result.stderr
     assert src.read_text() == "Hello.\n"
+
+
+def test_an_exported_model_given_as_a_checkpoint_is_named_as_such(tmp_path):
+    (tmp_path / "translate_config.yaml").write_text("name: x\n")
+    with pytest.raises(UserError, match="is a model exported by translate export, not a checkpoint"):
+        load_checkpoint(tmp_path)

@@ -376,6 +376,8 @@ def test_a_port_out_of_range_is_one_line():
     for port in (-1, 65536):
         with pytest.raises(UserError, match=f"--port must be from 0 to 65535.*got {port}"):
             listen("127.0.0.1", port)
+    with pytest.raises(UserError, match=r"cannot listen on nosuchhost.invalid:0: (?!Unknown error)\w"):
+        listen("nosuchhost.invalid", 0)  # the resolver's reason, not its error number
 
 
 def client_of(engine, **limits) -> TestClient:

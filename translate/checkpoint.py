@@ -93,6 +93,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if not path.exists():
         raise UserError(f"checkpoint not found: {path}")
     if path.is_dir():
+        if (path / "translate_config.yaml").is_file():
+            raise UserError(f"{path} is a model exported by translate export, not a checkpoint (give its .pt file)")
         inside = path / "best.pt" if path.name == "checkpoints" else path / "checkpoints" / "best.pt"
         raise UserError(f"{path} is a directory, not a checkpoint (try {inside})")
     try:

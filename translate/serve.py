@@ -262,6 +262,8 @@ def listen(host: str, port: int) -> socket.socket:
         # leaves 0), asyncio sets TCP_NODELAY on each; otherwise a response's body, written after
         # its headers, waits for the client's delayed ACK of them (Nagle): ~40 ms a request.
         return socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, fileno=sock.detach())
+    except socket.gaierror as e:  # the address's name cannot be resolved
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror}") from None
     except OSError as e:
         raise UserError(f"cannot listen on {host}:{port}: {os.strerror(e.errno) if e.errno else e}") from None
 

@@ -127,7 +127,7 @@ def paragraphs(
 
 def decode_document(spec: EngineSpec, input: str | Path, output: str | Path, format: str) -> int:
     """An HTML or Markdown document, read whole, translated with its markup kept; returns its line count."""
-    text = read_text(input, "--input")
+    text = read_text(input, "input")
     engine = Engine.load(spec)
     (translated,) = translate_texts(engine, [text], format=format)
     if str(output) == "-":
