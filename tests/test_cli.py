@@ -113,6 +113,9 @@ def test_decode_and_evaluate_a_checkpoint(trained_run, tmp_path):
     assert "BLEU" in result.stdout and "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in result.stdout
     scores = json.loads(scores_file.read_text())
     assert 0 <= scores["bleu"] <= 100 and 0 <= scores["chrf"] <= 100 and scores["sentences"] == 40
+    assert scores["inputs"] == {"ref": str(FIXTURES / "bible.test.fr"), "src": str(FIXTURES / "bible.test.en"),
+                                "checkpoints": [str(ckpt)]}  # fmt: skip
+    assert scores["search"]["beam_size"] == 2 and scores["search"]["split"] is True
     rescored = run_cli("evaluate", "--hyp", hyp, "--ref", FIXTURES / "bible.test.fr").stdout
     assert f"BLEU {scores['bleu']:.2f}" in rescored
 

@@ -1,5 +1,6 @@
 """The HTML report: escaping, counts, orders, histograms, no network, and a real browser."""
 
+import json
 import re
 import struct
 from html.parser import HTMLParser
@@ -170,9 +171,20 @@ def test_evaluate_report_from_files_and_from_a_checkpoint(trained_run, tmp_path)
         (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
     runner = CliRunner()
     args = ["evaluate", "--hyp", str(tmp_path / "a.fr"), "--ref", str(tmp_path / "ref.fr")]
-    result = runner.invoke(app, [*args, "--hyp-b", str(tmp_path / "b.fr"), "--report", str(tmp_path / "two.html")])
+    both = [
+        "--hyp-b",
+        str(tmp_path / "b.fr"),
+        "--report",
+        str(tmp_path / "two.html"),
+        "--json",
+        str(tmp_path / "s.json"),
+    ]
+    result = runner.invoke(app, [*args, *both])
     assert result.exit_code == 0, result.output
     assert "report written" in result.output and result.output.count("BLEU =") == 2
+    scores = json.loads((tmp_path / "s.json").read_text())
+    assert scores["hyp_b"]["sentences"] == 40 and scores["hyp_b"]["bleu"] != scores["bleu"]
+    assert scores["inputs"]["hyp_b"] == str(tmp_path / "b.fr") and "search" not in scores  # nothing translated
     assert len(Page((tmp_path / "two.html").read_text(encoding="utf-8")).rows) == 40
 
     ckpt = trained_run[0] / "checkpoints" / "best.pt"

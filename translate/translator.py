@@ -10,11 +10,12 @@ whole lines, one sentence a line."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from translate.decoding import arrived_chunks, check_workers, fixed_chunks
 from translate.documents import FORMATS, format_of, translate_document
@@ -158,12 +159,20 @@ def count_lines(path: str | Path) -> int:
 
 
 def translate_file_lines(
-    spec: EngineSpec, sources: list[str], output: str | Path | None = None, split: bool = True
+    spec: EngineSpec,
+    sources: list[str],
+    output: str | Path | None = None,
+    split: bool = True,
+    settings: dict[str, Any] | None = None,
 ) -> list[str]:
     """`translate evaluate`: the 1-best translation of each source line (also written to `output`);
-    `split`: a line's sentences translated apart."""
+    `split`: a line's sentences translated apart. `settings`, if given, gets the search's."""
     check_workers(spec.workers)
     engine = Engine.load(spec)
+    if settings is not None:
+        settings.update(
+            dataclasses.asdict(engine.defaults), split=split, protect=list(engine.protect), device=str(engine.device)
+        )
     with progress_bar(lambda: len(sources)) as update:
         if split:
             hypotheses = [nbest[0][0] for nbest in paragraphs(engine, sources, on_progress=update)]
@@ -205,15 +214,19 @@ def evaluate_files(
             if path.resolve() == earlier.resolve():
                 raise UserError(f"{other} and {option} are the same file {path}; give each its own")
     references, sources, hypotheses, hypotheses_b = _evaluation_inputs(ref, checkpoints, src, hyp, hyp_b)
+    search: dict[str, Any] = {}
     if hypotheses is None:
-        hypotheses = translate_file_lines(spec, sources, output=output, split=split)  # type: ignore[arg-type]
+        hypotheses = translate_file_lines(spec, sources, output, split, search)  # type: ignore[arg-type]
     scores = [score(hypotheses, references)]
     printed = [format_scores(scores[0])]
-    if json_out:
-        write_json(scores[0], json_out)
     if hypotheses_b is not None:
         scores.append(score(hypotheses_b, references))
         printed.append(f"\n--hyp-b {hyp_b}:\n" + format_scores(scores[1]))
+    if json_out:  # the scores, and what was scored: enough to tell where a saved score came from
+        given = {"ref": ref, "src": src, "hyp": hyp, "hyp_b": hyp_b, "checkpoints": list(checkpoints) or None}
+        inputs = {key: [str(p) for p in v] if isinstance(v, list) else str(v) for key, v in given.items() if v}
+        write_json({**scores[0], "inputs": inputs, **({"search": search} if search else {}),
+                    **({"hyp_b": scores[1]} if hypotheses_b is not None else {})}, json_out)  # fmt: skip
     if report:
         system = str(hyp) if hyp is not None else " + ".join(map(str, checkpoints))
         inputs = [f"reference: {ref}"] + [f"source: {src}"] * (src is not None)
