@@ -322,6 +322,47 @@ def test_a_decoding_process_that_ends_spares_the_server(checkpoint, decoded):
         assert server.stop() == 0
 
 
+@pytest.mark.parametrize("workers", [1, 2])  # threads in this process; decoding processes
+def test_a_request_whose_client_hangs_up_is_dropped_not_decoded(checkpoint, workers):
+    """A client that gives up while its sentences wait is logged 499 at once, and its sentences leave
+    the queue: the requests ahead of it (one per worker) are answered after it, nothing left queued."""
+    options = [
+        "--workers",
+        str(workers),
+        "--device",
+        "cpu",
+        "--max-batch",
+        "1",
+        "--max-texts",
+        "2000",
+        "--max-queue",
+        "5000",
+    ]
+    server = Server(checkpoint, *options)
+    try:
+        ahead = [
+            threading.Thread(target=server.post, args=({"texts": SENTENCES * 50},), kwargs={"timeout": 600})
+            for _ in range(workers)
+        ]  # each taken whole into a search of its own worker, which then takes no more (--max-batch 1)
+        for thread in ahead:
+            thread.start()
+            time.sleep(0.3)
+        host, port = server.url.removeprefix("http://").split(":")
+        client = http.client.HTTPConnection(host, int(port), timeout=0.5)
+        client.request("POST", "/translate", json.dumps({"texts": SENTENCES}), {"Content-Type": "application/json"})
+        with pytest.raises(TimeoutError):
+            client.getresponse()
+        client.close()  # gone while its sentences wait
+        for thread in ahead:
+            thread.join(timeout=600)
+        log = [line for line in server.lines if "POST /translate" in line]
+        assert [line.split()[2] for line in log] == ["499"] + ["200"] * workers, log
+        assert f"499 {len(SENTENCES)} texts" in log[0]
+        assert json.loads(server.get("/health")[1])["queued"] == 0
+    finally:
+        assert server.stop() == 0
+
+
 # ---------------------------------------------------------------------------- in process: Starlette's TestClient
 
 

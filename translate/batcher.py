@@ -120,7 +120,19 @@ class Batcher:
             self.jobs.append(job)
             self.queued += len(texts)
             self.cond.notify_all()
+        job.future.add_done_callback(lambda future: future.cancelled() and self._forget(job))
         return job.future
+
+    def _forget(self, job: Job) -> None:
+        """Take a cancelled job out of the queue at once (if a thread has not just taken it)."""
+        with self.cond:
+            try:
+                self.jobs.remove(job)
+            except ValueError:
+                return  # taken: the thread that took it drops it
+            self.queued -= len(job.texts)
+        if self.on_take is not None:
+            self.on_take(len(job.texts))  # out of the queue, as if taken
 
     def _take(self, me: int) -> list[Job] | None:
         """The jobs thread `me` takes now (not cancelled ones): without waiting while it has

@@ -8,9 +8,10 @@ against the spec's max_queue, sends each request to the process with the fewest 
 outstanding, and a reader thread per process answers the futures. A process that ends fails the
 requests it held; the others go on. `open_engine` chooses between it and an in-process `Engine`.
 
-The pipe protocol, parent to process: ("job", id, texts, options), ("hurry",), ("stop",); process to
+The pipe protocol, parent to process: ("job", id, texts, options), ("cancel", id), ("hurry",), ("stop",); process to
 parent: ("ready", defaults, max source pieces, the vocabulary's bytes) or ("failed", message) once loaded, then ("taken", n), ("done", id,
-translations), ("failed", id, message), and ("stopped",) last.
+translations), ("failed", id, message), ("cancelled", id), and ("stopped",) last. ("cancel", id), sent when a
+request's future is cancelled (its client gone), drops the request if its process has not taken it into a search.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import multiprocessing
 import signal
 import threading
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 
 import torch
 
@@ -121,8 +122,7 @@ class ProcessEngine:
         options = (options or self.defaults).check()
         if isinstance(texts, (str, bytes)):
             raise TypeError(f"texts must be a list of str, not one {type(texts).__name__}")
-        future: Future = Future()
-        future.set_running_or_notify_cancel()  # it is decoded even if its client goes: not cancellable
+        future: Future = Future()  # cancelled (its client gone): the process drops what it has not taken
         with self.lock:
             gone = (
                 "the server is shutting down" if self.stopping else None if self.alive else "no decoding process left"
@@ -141,7 +141,16 @@ class ProcessEngine:
             self.futures[self.next_id] = (future, worker, len(texts))
             self.outstanding[worker] += len(texts)
             self.waiting[worker] += len(texts)
+            id = self.next_id
+        future.add_done_callback(lambda f: f.cancelled() and self._send(worker, ("cancel", id)))
         return future
+
+    def _send(self, worker: int, message: tuple) -> None:
+        with self.lock:
+            try:
+                self.conns[worker].send(message)
+            except OSError:
+                pass  # it has ended: its reader fails what it held
 
     def _read(self, worker: int) -> None:
         """Answer the futures of one process's replies until it stops (or ends: its requests fail)."""
@@ -152,10 +161,13 @@ class ProcessEngine:
                     continue
                 future, _, n = self.futures.pop(reply[1])
                 self.outstanding[worker] -= n
-            if reply[0] == "done":
-                future.set_result(reply[2])
-            else:
-                future.set_exception(DecodingFailed(reply[2]))
+            try:
+                if reply[0] == "done":
+                    future.set_result(reply[2])
+                elif reply[0] == "failed":
+                    future.set_exception(DecodingFailed(reply[2]))
+            except InvalidStateError:  # cancelled after its process had taken it: the answer goes nowhere
+                pass
         with self.lock:
             self.alive.discard(worker)
             lost = [id for id, (_, w, _) in self.futures.items() if w == worker]
@@ -164,7 +176,8 @@ class ProcessEngine:
         if not self.stopping:
             log.error(f"decoding process {worker} ended; {len(lost)} requests fail")
         for future in lost:
-            future.set_exception(DecodingFailed("the decoding process ended"))
+            if not future.cancelled():
+                future.set_exception(DecodingFailed("the decoding process ended"))
 
     def hurry(self) -> None:
         """Have every process start searching what it holds without waiting out its batching window."""
@@ -237,7 +250,13 @@ def decoding_process(conn, spec: EngineSpec) -> None:
     batcher.start()
     send(("ready", engine.defaults, engine.max_pieces, engine.tokenizer.model_bytes))
 
+    jobs: dict[int, Future] = {}  # the batcher's future of each request not yet answered
+
     def answer(id: int, future: Future) -> None:
+        jobs.pop(id, None)
+        if future.cancelled():  # dropped before its search began
+            send(("cancelled", id))
+            return
         e = future.exception()
         send(("done", id, future.result()) if e is None else ("failed", id, f"{type(e).__name__}: {e}"))
 
@@ -245,7 +264,12 @@ def decoding_process(conn, spec: EngineSpec) -> None:
         if message[0] == "hurry":
             batcher.hurry()
             continue
+        if message[0] == "cancel":
+            if (job := jobs.get(message[1])) is not None:
+                job.cancel()  # only if not yet taken into a search
+            continue
         _, id, texts, options, glossary = message
-        batcher.submit(texts, options, glossary).add_done_callback(lambda future, id=id: answer(id, future))
+        jobs[id] = batcher.submit(texts, options, glossary)
+        jobs[id].add_done_callback(lambda future, id=id: answer(id, future))
     batcher.stop()
     send(("stopped",))

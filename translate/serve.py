@@ -29,7 +29,9 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from translate.batcher import QueueFull, TooManySentences
 from translate.decoding import check_workers
@@ -159,6 +161,31 @@ async def read_body(request, max_request_bytes: int) -> bytes:
     return bytes(body)
 
 
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready."""
+
+
+async def until_client_gone(receive: Callable[[], Awaitable[dict]], work: Awaitable[Any]) -> Any:
+    """`work`'s result; if the client hangs up first (`receive`, the request's ASGI channel, says
+    http.disconnect), `work` is cancelled, which drops its sentences not yet taken into a search,
+    and ClientGone is raised: a client that gives up and retries does not pile up work."""
+
+    async def disconnect() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(disconnect())
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        raise ClientGone
+    return task.result()
+
+
 def answer(translations: list, single: bool, with_nbest: bool) -> dict:
     """The JSON answer: one translation or a list, with nbest a list per sentence and their scores."""
     if with_nbest:
@@ -209,7 +236,9 @@ def create_app(engine: TranslationEngine, limits: ServingLimits, *, log_text: bo
             size = len(body)
             r = parse_request(body, engine.defaults, limits)
             texts = r.texts
-            translations = await translate_request(engine, r)
+            translations = await until_client_gone(request.receive, translate_request(engine, r))
+        except ClientGone:  # logged as nginx does; the answer goes nowhere
+            status, response = 499, error(499, "the client closed the connection")
         except RequestError as e:
             status, response = e.status, error(e.status, str(e))
         except TooManySentences as e:  # a text's sentences, once split, more than the whole queue holds
