@@ -81,10 +81,13 @@ def translate(*args: object, stdin: bytes | None = None) -> subprocess.Completed
     )
 
 
+SPAN_WARNING = "the model did not place every protected span exactly once"  # private-use characters are spans
+
+
 def assert_one_error(result: subprocess.CompletedProcess, *names: object) -> None:
     err = result.stderr.decode("utf-8", "replace")
     assert result.returncode == 2 and "Traceback" not in err, err
-    lines = err.strip().splitlines()
+    lines = [line for line in err.strip().splitlines() if SPAN_WARNING not in line]  # of the lines translated
     assert len(lines) == 1 and lines[0].startswith("error:"), err
     for name in names:
         assert str(name) in lines[0], f"{name!r} not in {lines[0]!r}"
