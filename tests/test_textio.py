@@ -115,6 +115,12 @@ def test_a_fifo_or_a_device_is_written_into_not_replaced(tmp_path):
     result = subprocess.run([sys.executable, "-m", "translate", *map(str, command)], capture_output=True, text=True)
     assert result.returncode == 0 and "Traceback" not in result.stderr
     assert json.loads(result.stdout[: result.stdout.rindex("}") + 1])["bleu"] == 100.0
+    log = tmp_path / "log.txt"  # ... --json /dev/stdout >> log.txt: the log keeps what it had
+    log.write_text("before\n")
+    with open(log, "a") as stdout:
+        subprocess.run([sys.executable, "-m", "translate", *map(str, command)], stdout=stdout, check=True)
+    text = log.read_text()
+    assert text.startswith("before\n{") and json.loads(text[7 : text.rindex("}") + 1])["bleu"] == 100.0
 
 
 def test_a_line_count_mismatch_names_blank_lines_at_the_end():

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing
+import queue
 import signal
 import threading
 from collections.abc import Iterable, Iterator
@@ -176,8 +177,10 @@ class ProcessEngine:
         if not self.stopping:
             log.error(f"decoding process {worker} ended; {len(lost)} requests fail")
         for future in lost:
-            if not future.cancelled():
+            try:
                 future.set_exception(DecodingFailed("the decoding process ended"))
+            except InvalidStateError:  # cancelled meanwhile: no one waits for it
+                pass
 
     def hurry(self) -> None:
         """Have every process start searching what it holds without waiting out its batching window."""
@@ -225,23 +228,36 @@ def decoding_process(conn, spec: EngineSpec) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     keep_freed_memory()
     torch.set_num_threads(share(spec.threads or torch.get_num_threads(), spec.workers))
-    sending = threading.Lock()
+    # One thread writes to the parent, in order: no other thread of this process ever waits on the
+    # pipe, so this one keeps reading what the parent sends (a parent blocked writing a large job
+    # while its reader waits would otherwise wait for us as we wait for it).
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
 
-    def send(message: tuple) -> None:
-        with sending:
+    def post() -> None:
+        while (message := outbox.get()) is not None:
             try:
                 conn.send(message)
             except OSError:
                 pass  # the parent is gone
 
+    poster = threading.Thread(target=post, name="translate-decoder-replies", daemon=True)
+    poster.start()
+
+    def send(message: tuple) -> None:
+        outbox.put(message)
+
+    def finish() -> None:  # what was sent reaches the parent before the process ends
+        outbox.put(None)
+        poster.join()
+
     try:
         engine = Engine.load(spec)
     except UserError as e:
         send(("failed", str(e)))
-        return
+        return finish()
     except Exception as e:
         send(("failed", f"loading {', '.join(spec.checkpoints)} failed: {type(e).__name__}: {e}"))
-        return
+        return finish()
     limits = spec.limits
     batcher = Batcher(
         engine, workers=1, window=limits.window, max_batch=limits.max_batch, max_queue=1 << 62,
@@ -273,3 +289,4 @@ def decoding_process(conn, spec: EngineSpec) -> None:
         jobs[id].add_done_callback(lambda future, id=id: answer(id, future))
     batcher.stop()
     send(("stopped",))
+    finish()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -111,9 +112,23 @@ def _stdin() -> IO[bytes]:
 # ---------------------------------------------------------------------------- writing
 
 
+_DESCRIPTOR = re.compile(r"/dev/(?:(stdout)|(stderr)|fd/(\d+))|/proc/(self|\d+)/fd/(\d+)")  # a name of an open file
+
+
+def descriptor_of(path: str | Path) -> int | None:
+    """The descriptor of this process that `path` names (/dev/stdout: 1, /dev/fd/N: N), if any."""
+    m = _DESCRIPTOR.fullmatch(os.path.abspath(path))
+    if m is None or m[4] not in (None, "self", str(os.getpid())):
+        return None
+    return 1 if m[1] else 2 if m[2] else int(m[3] or m[5])
+
+
 def is_special_file(path: str | Path) -> bool:
-    """Whether `path` (through its links) is a FIFO, a device or a socket: such a file is written into
-    (`-o /dev/stdout`, a named pipe), never replaced by a new one."""
+    """Whether `path` names an open descriptor (/dev/stdout, /dev/fd/N: whatever file the shell put
+    there; atomic_write writes through the descriptor) or is, through its links, a FIFO, a device or
+    a socket: such a file is written into where it is, never replaced by a new one."""
+    if _DESCRIPTOR.fullmatch(os.path.abspath(path)):
+        return True
     try:
         mode = os.stat(path).st_mode
     except (OSError, ValueError):
@@ -135,9 +150,13 @@ def check_output_path(
     directory must exist and be writable, and it must be neither a directory nor one of `inputs`
     (writing it would destroy them). Returns the path to write."""
     path = through_link(path) if follow_link else Path(path)
-    if is_special_file(path):  # written into as it is: its directory and the inputs do not matter
-        if not os.access(path, os.W_OK):
-            raise UserError(f"{what} {path} is not writable")
+    if is_special_file(path):  # written into where it is: its directory does not matter
+        if not os.access(path, os.W_OK):  # a closed descriptor too
+            raise UserError(f"{what} {path} is not writable (or not open)")
+        if stat.S_ISSOCK(os.stat(path).st_mode):
+            raise UserError(f"{what} {path} is a socket; give a file, a pipe or a device")
+        if any(p is not None and Path(p).exists() and os.path.samefile(path, p) for p in inputs):
+            raise UserError(f"{what} {path} is one of the input files; choose another file")
         return path
     if path.is_dir():
         raise UserError(f"{what} {path} is a directory; give a file name")
@@ -204,6 +223,10 @@ def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
 @contextmanager
 def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
     """A file object for `path` that lands there only if the block succeeds (atomic_path)."""
+    if (fd := descriptor_of(path)) is not None:  # written through it: its offset is the shell's, nothing truncated
+        with open(os.dup(fd), mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": "\n"})) as f:
+            yield f
+        return
     with (
         atomic_path(path) as tmp,
         open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": "\n"})) as f,
