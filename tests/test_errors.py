@@ -366,7 +366,10 @@ def decode_cases(f: SimpleNamespace, ckpt: Path) -> dict[str, tuple[list, list]]
             ["--output", "one of the input files"],
         ),
         "unknown device": (["decode", ckpt, "-i", f.odd_en, "--device", "tpu"], ["--device", "'tpu'"]),
-        "output names a directory": (["decode", ckpt, "-i", f.odd_en, "-o", "new/"], ["--output", "new/ ends in '/'"]),
+        "output names a directory": (
+            ["decode", ckpt, "-i", f.odd_en, "-o", "new/."],
+            ["--output", "new/. names a dir"],
+        ),
         "json names a directory": (
             ["evaluate", "--hyp", f.two_fr, "--ref", f.two_fr, "--json", "j/"],
             ["--json", "j/"],

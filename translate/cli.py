@@ -52,10 +52,16 @@ Checkpoint = Annotated[
 
 
 def file_name(value: str | Path) -> Path:
-    """An output file's name as given: one ending in '/' names a directory (a Path would drop the '/')."""
-    if isinstance(value, str) and value.endswith(("/", os.sep)):
-        raise typer.BadParameter(f"{value} ends in '/', which names a directory; give a file name")
+    """An output file's name as given: one ending in '/' (or '/.') names a directory (a Path would drop it)."""
+    if isinstance(value, str) and os.path.basename(value) in ("", ".", ".."):
+        raise typer.BadParameter(f"{value} names a directory; give a file name")
     return Path(value)
+
+
+def output_name(value: str) -> str:
+    """decode's --output: a file name (file_name) or -, kept as given (./- is a file)."""
+    file_name(value)
+    return value
 
 
 BeamOpt = Annotated[
@@ -316,7 +322,7 @@ def decode(
     ] = "-",
     output: Annotated[
         str,
-        typer.Option("--output", "-o", help="Where the French goes; - for stdout.", parser=lambda v: str(file_name(v))),
+        typer.Option("--output", "-o", help="Where the French goes; - for stdout.", parser=output_name),
     ] = "-",
     beam: BeamOpt = None,
     lenpen: LenpenOpt = None,
@@ -370,14 +376,16 @@ def evaluate(
         Optional[Path], typer.Option("--hyp", help="Score this existing output instead of translating.")
     ] = None,
     output: Annotated[
-        Optional[Path], typer.Option("--output", "-o", help="Also save the translations here.", parser=file_name)
+        Optional[Path],
+        typer.Option("--output", "-o", help="Also save the translations here.", parser=file_name, metavar="FILE"),
     ] = None,
     beam: BeamOpt = None,
     lenpen: LenpenOpt = None,
     batch_tokens: BatchOpt = None,
     workers: WorkersOpt = 0,
     json_out: Annotated[
-        Optional[Path], typer.Option("--json", help="Write the scores and signatures as JSON.", parser=file_name)
+        Optional[Path],
+        typer.Option("--json", help="Write the scores and signatures as JSON.", parser=file_name, metavar="FILE"),
     ] = None,
     report: Annotated[
         Optional[Path],
@@ -385,6 +393,7 @@ def evaluate(
             "--report",
             help="Write an HTML page: every sentence with its chrF, worst first, and histograms.",
             parser=file_name,
+            metavar="FILE",
         ),
     ] = None,
     hyp_b: Annotated[
@@ -462,7 +471,8 @@ def serve(
 def average(
     checkpoints: Annotated[Optional[list[Path]], typer.Argument(help="Checkpoints of one run to average.")] = None,
     output: Annotated[
-        Path, typer.Option("--output", "-o", help="Where the averaged checkpoint goes.", parser=file_name)
+        Path,
+        typer.Option("--output", "-o", help="Where the averaged checkpoint goes.", parser=file_name, metavar="FILE"),
     ] = ...,
     last: Annotated[Optional[int], typer.Option("--last", help="Average the last N step checkpoints of --run.")] = None,
     run: Annotated[Optional[Path], typer.Option("--run", help="Run dir (RUN_DIR/NAME) for --last.")] = None,
@@ -544,9 +554,9 @@ def tune(
 def attention(
     checkpoint: Checkpoint,
     sentence: Annotated[str, typer.Argument(help="An English sentence.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Picture: .png, .pdf, .svg", parser=file_name)] = Path(
-        "attention.png"
-    ),
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Picture: .png, .pdf, .svg", parser=file_name, metavar="FILE")
+    ] = Path("attention.png"),
     layer: Annotated[
         int, typer.Option("--layer", help="Layer (0-based; -1 = last): decoder, or encoder with --self encoder.")
     ] = -1,
@@ -580,7 +590,7 @@ def attention(
 def plot(
     runs: Annotated[list[Path], typer.Argument(help="Run directories (RUN_DIR/NAME, or their tb/ folders).")],
     output: Annotated[
-        Path, typer.Option("--output", "-o", help="Picture: .png, .pdf, .svg ...", parser=file_name)
+        Path, typer.Option("--output", "-o", help="Picture: .png, .pdf, .svg ...", parser=file_name, metavar="FILE")
     ] = Path("curves.png"),
 ) -> None:
     """Training curves of one or several runs from their TensorBoard logs: loss, validation BLEU, learning rate."""

@@ -72,6 +72,10 @@ def check_output_dir(out_dir: Path, force: bool, checkpoint: str | Path) -> None
         raise UserError(f"output directory {out_dir} holds the checkpoint {checkpoint}; choose another directory")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
         raise UserError(f"output directory {out_dir} exists and is not empty; choose another or pass --force")
+    if out_dir.is_dir():  # its entries are swapped in place: the directory itself must be writable
+        if not os.access(out_dir, os.W_OK | os.X_OK):
+            raise UserError(f"output directory {out_dir}: directory not writable: {out_dir}")
+        return
     parent = next((p for p in out_dir.absolute().parents if p.exists()), None)
     if parent is not None and not parent.is_dir():
         raise UserError(f"output directory {out_dir}: {parent} is a file, not a directory")
@@ -82,9 +86,10 @@ def check_output_dir(out_dir: Path, force: bool, checkpoint: str | Path) -> None
 def export(
     checkpoint: str | Path, to: str, out_dir: str | Path, quantize: str | None = None, force: bool = False
 ) -> Path:
-    """Write `checkpoint` as a `to` model directory at `out_dir`. The directory is built next to
-    `out_dir` and renamed into place when complete: a failure leaves nothing behind (and, with
-    `force`, the directory that was there as it was)."""
+    """Write `checkpoint` as a `to` model directory at `out_dir`. A new directory is built next to
+    where it goes and renamed into place when complete; one that exists gets the files, built inside
+    it and swapped in (replace_dir). A failure leaves nothing behind (and, with `force`, what the
+    directory held as it was)."""
     out_dir = through_link(os.path.abspath(out_dir))  # "." has a name; a link's directory is written
     check_request(to, quantize)
     check_output_dir(out_dir, force, checkpoint)
@@ -150,9 +155,9 @@ def replace_dir(new: Path, target: Path) -> None:
             os.replace(target / name, new / name)
         for name in moved_out:
             os.replace(old / name, target / name)
+        old.rmdir()  # empty now; if not (the putting back cut short), what is left stays there
         raise
-    finally:
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old)
     new.rmdir()
 
 
