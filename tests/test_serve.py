@@ -353,6 +353,11 @@ def test_a_request_whose_client_hangs_up_is_dropped_not_decoded(checkpoint, work
         with pytest.raises(TimeoutError):
             client.getresponse()
         client.close()  # gone while its sentences wait
+        deadline = time.monotonic() + 30
+        while json.loads(server.get("/health")[1])["queued"] or not any(" 499 " in line for line in server.lines):
+            assert time.monotonic() < deadline, "the request's sentences stayed queued:\n" + "\n".join(server.lines)
+            time.sleep(0.05)
+        assert all(thread.is_alive() for thread in ahead)  # out of the queue while the requests ahead still run
         for thread in ahead:
             thread.join(timeout=600)
         log = [line for line in server.lines if "POST /translate" in line]
