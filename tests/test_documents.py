@@ -216,6 +216,10 @@ def test_markdown_toml_front_matter_task_boxes_and_footnotes_stay_as_they_are():
         '+++\ntitle = "A title"\n+++\n\n- [ ] BREAD. THE BUY\n- [x] DOG. THE FEED\n\n'
         "HERE. NOTE[^1] THE SEE\n\n[^1]: LONG. IS NOTE THE\n"
     )  # a model that moves every word keeps the boxes first, and the footnote's label whole
+    # outside a list item the brackets are text, and a link's text starting with ^ is translated
+    assert translate_markdown("[x] starts a paragraph.\n", protected(upper, CLASSES)) == "[X] STARTS A PARAGRAPH.\n"
+    link = translate_markdown("See [^caret](https://example.com) here.\n", protected(upper, CLASSES))
+    assert link == "SEE [^CARET](https://example.com) HERE.\n"
 
 
 def test_markdown_escapes_what_the_translation_would_make_syntax():

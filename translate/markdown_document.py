@@ -38,7 +38,7 @@ _SYNTAX = [
     PATTERNS["tag"],  # inline HTML
     r"\]\((?:[^()\s\\]|\\.|\((?:[^()\\]|\\.)*\))*(?:\s+(?:\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|\((?:[^()\\]|\\.)*\)))?\s*\)",
     r"\]\[[^\]]*\]",  # the end of a full reference link
-    r"\[\^[^\]\s]+\]",  # a footnote reference, [^1]: one piece, its label kept
+    r"\[\^[^\]\s]+\](?![(\[])",  # a footnote reference, [^1]: one piece, its label kept
     r"!?\[|\]",
     r"\\[!-/:-@\[-`{-~]",  # a backslash escape
     r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});",  # an entity
@@ -48,7 +48,8 @@ _ESCAPE = re.compile(r"[`*\[\]<]|\\(?=[!-/:-@\[-`{-~])|(?<![^\W_])_|_(?![^\W_])|
 _LINE_START = re.compile(r"^(?:[-+*](?=\s|$)|>|#{1,6}(?=\s|$)|=+\s*$|(?:[-*_]\s*){3,}$|\d{1,9}(?=[.)](?:\s|$)))")
 _CELL = re.compile(r"(?:\\.|[^|\\])+")
 _SHORTCUT = r"!?\[(?!\^)[^\[\]]+\](?![(\[])"  # [label]: a shortcut reference if the label is defined
-_LEAD = re.compile(r"\[[ xX]\][ \t]+|\[\^[^\]\s]+\]:[ \t]*")  # a task's checkbox, a footnote's label: not text
+_TASK = re.compile(r"\[[ xX]\][ \t]+")  # a task list item's checkbox: not text
+_FOOTNOTE = re.compile(r"\[\^[^\]\s]+\]:[ \t]*")  # a footnote definition's label: not text
 
 
 @functools.cache
@@ -100,7 +101,15 @@ def _slots(tokens: list, lines: list[str]) -> list[tuple[list[tuple[int, int, in
         for n, content in enumerate(token.content.split("\n")):
             line_no = token.map[0] + n
             text, line = content.strip(), lines[line_no].rstrip() if line_no < len(lines) else ""
-            if n == 0 and (lead := _LEAD.match(text)):  # stays where it is, at the start of the block
+            in_item = i >= 2 and tokens[i - 2].type == "list_item_open"
+            lead = (
+                _TASK.match(text)
+                if in_item
+                else _FOOTNOTE.match(text)
+                if tokens[i - 1].type == "paragraph_open"
+                else None
+            )
+            if n == 0 and lead:  # stays where it is, at the start of the block
                 text = text[lead.end() :]
             start = len(line) - len(text) if line.endswith(text) else line.rfind(text)
             if start < 0:
