@@ -174,3 +174,12 @@ def test_an_exported_model_given_as_a_checkpoint_is_named_as_such(tmp_path):
     (tmp_path / "translate_config.yaml").write_text("name: x\n")
     with pytest.raises(UserError, match="is a model exported by translate export, not a checkpoint"):
         load_checkpoint(tmp_path)
+
+
+def test_decode_with_stdin_closed_is_one_line():
+    command = f"{sys.executable} -m translate decode any.pt -i - <&-"
+    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True)
+    assert (
+        result.returncode == 2
+        and result.stderr.strip() == "error: stdin is closed: give --input FILE, or pipe the text in"
+    )

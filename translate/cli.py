@@ -662,7 +662,10 @@ def info(checkpoint: Checkpoint) -> None:
 
 def _number(value: object) -> str:
     """A metric as info prints it: 3 decimals, or as it is (a hand-made checkpoint may hold anything)."""
-    return f"{value:.3f}" if isinstance(value, (int, float)) else str(value)
+    try:
+        return f"{float(value):.3f}"  # a number, a numpy or 0-d torch one too
+    except (TypeError, ValueError):
+        return str(value)
 
 
 class Terminated(BaseException):

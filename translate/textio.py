@@ -103,6 +103,8 @@ def read_text(path: str | Path = "-", what: str = "input") -> str:
 def _stdin() -> IO[bytes]:
     """stdin's bytes through a file object of our own (a duplicate of its descriptor): a reader
     thread still blocked in it at exit then holds no lock that Python's shutdown needs."""
+    if sys.stdin is None:  # started with stdin closed (<&-)
+        raise UserError("stdin is closed: give --input FILE, or pipe the text in")
     try:
         return open(os.dup(sys.stdin.fileno()), "rb")
     except (AttributeError, OSError, ValueError):  # no real descriptor (e.g. replaced by a test)

@@ -170,9 +170,12 @@ def translate_file_lines(
     check_workers(spec.workers)
     engine = Engine.load(spec)
     if settings is not None:
+        dtype = str(next(engine.models[0].parameters()).dtype).removeprefix("torch.")
         settings.update(
-            dataclasses.asdict(engine.defaults), split=split, protect=list(engine.protect), device=str(engine.device)
-        )
+            dataclasses.asdict(engine.defaults), split=split, protect=list(engine.protect),
+            glossary_terms=len(engine.glossary or ()), device=str(engine.device), dtype=dtype,
+            quantize=spec.quantize, batch_tokens=engine.batch_tokens,
+        )  # fmt: skip
     with progress_bar(lambda: len(sources)) as update:
         if split:
             hypotheses = [nbest[0][0] for nbest in paragraphs(engine, sources, on_progress=update)]
@@ -223,7 +226,8 @@ def evaluate_files(
         scores.append(score(hypotheses_b, references))
         printed.append(f"\n--hyp-b {hyp_b}:\n" + format_scores(scores[1]))
     if json_out:  # the scores, and what was scored: enough to tell where a saved score came from
-        given = {"ref": ref, "src": src, "hyp": hyp, "hyp_b": hyp_b, "checkpoints": list(checkpoints) or None}
+        given = {"ref": ref, "src": src, "hyp": hyp, "hyp_b": hyp_b, "checkpoints": list(checkpoints) or None,
+                 "glossary": spec.glossary}  # fmt: skip
         inputs = {key: [str(p) for p in v] if isinstance(v, list) else str(v) for key, v in given.items() if v}
         write_json({**scores[0], "inputs": inputs, **({"search": search} if search else {}),
                     **({"hyp_b": scores[1]} if hypotheses_b is not None else {})}, json_out)  # fmt: skip
