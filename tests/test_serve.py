@@ -322,8 +322,8 @@ def test_a_decoding_process_that_ends_spares_the_server(checkpoint, decoded):
         assert server.stop() == 0
 
 
-@pytest.mark.parametrize("workers", [1, 2])  # threads in this process; decoding processes
-def test_a_request_whose_client_hangs_up_is_dropped_not_decoded(checkpoint, workers):
+@pytest.mark.parametrize("workers, format", [(1, "text"), (2, "text"), (2, "html")])  # threads; processes
+def test_a_request_whose_client_hangs_up_is_dropped_not_decoded(checkpoint, workers, format):
     """A client that gives up while its sentences wait is logged 499 at once, and its sentences leave
     the queue: the requests ahead of it (one per worker) are answered after it, nothing left queued."""
     options = [
@@ -349,7 +349,8 @@ def test_a_request_whose_client_hangs_up_is_dropped_not_decoded(checkpoint, work
             time.sleep(0.3)
         host, port = server.url.removeprefix("http://").split(":")
         client = http.client.HTTPConnection(host, int(port), timeout=0.5)
-        client.request("POST", "/translate", json.dumps({"texts": SENTENCES}), {"Content-Type": "application/json"})
+        body = {"texts": SENTENCES} if format == "text" else {"text": "<p>" + " ".join(SENTENCES), "format": format}
+        client.request("POST", "/translate", json.dumps(body), {"Content-Type": "application/json"})
         with pytest.raises(TimeoutError):
             client.getresponse()
         client.close()  # gone while its sentences wait
@@ -362,7 +363,7 @@ def test_a_request_whose_client_hangs_up_is_dropped_not_decoded(checkpoint, work
             thread.join(timeout=600)
         log = [line for line in server.lines if "POST /translate" in line]
         assert [line.split()[2] for line in log] == ["499"] + ["200"] * workers, log
-        assert f"499 {len(SENTENCES)} texts" in log[0]
+        assert f"499 {len(SENTENCES) if format == 'text' else 1} texts" in log[0]
         assert json.loads(server.get("/health")[1])["queued"] == 0
     finally:
         assert server.stop() == 0

@@ -28,8 +28,10 @@ import math
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,9 +209,25 @@ async def translate_request(engine: TranslationEngine, r: TranslateRequest) -> l
         flat = [s for sentences, _ in splits for s in sentences]
         done = iter(first_best(await asyncio.wrap_future(engine.submit(flat, r.search, r.glossary))) if flat else [])
         return [[(join_sentences([next(done) for _ in s], gaps, outer=False), 0.0)] for s, gaps in splits]
-    out = await asyncio.to_thread(
-        translate_texts, engine, r.texts, r.search, format=r.format, split=r.split, glossary=r.glossary, submit=True
-    )
+    submitted: list[Future] = []
+    gone = threading.Event()
+
+    def submit(sentences: list[str]) -> Future:  # from the document's thread
+        if gone.is_set():
+            raise CancelledError  # its client is gone: the rest of the document is not submitted
+        submitted.append(future := engine.submit(sentences, r.search, r.glossary))
+        return future
+
+    try:
+        out = await asyncio.to_thread(
+            translate_texts, engine, r.texts, r.search, format=r.format, split=r.split, glossary=r.glossary,
+            submit=submit,
+        )  # fmt: skip
+    except asyncio.CancelledError:
+        gone.set()
+        for future in submitted:
+            future.cancel()  # what no search has taken yet leaves the queue; the thread's wait ends
+        raise
     return [[(text, 0.0)] for text in out]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Literal
@@ -53,15 +54,18 @@ def translate_texts(
     format: str = "text",
     split: bool = True,
     glossary: Terms | None = None,
-    submit: bool = False,
+    submit: bool | Callable[[list[str]], Future] = False,
 ) -> list[str]:
     """The 1-best translation of each text: a document in `format`, or a line of text (with
     `split`, each of its sentences translated, all in one call of the engine); `submit`: through
-    the engine's continuous batching (serve)."""
+    the engine's continuous batching (serve), by engine.submit or by the function given (serve's,
+    which can cancel what it submitted)."""
 
     def translate_batch(sentences: list[str]) -> list[str]:
         if not sentences:
             return []
+        if callable(submit):
+            return first_best(submit(sentences).result())
         if submit:
             return first_best(engine.submit(sentences, options, glossary).result())
         return first_best(engine.translate(sentences, options, glossary=glossary))
