@@ -374,7 +374,10 @@ def decode_cases(f: SimpleNamespace, ckpt: Path) -> dict[str, tuple[list, list]]
             ["evaluate", "--hyp", f.two_fr, "--ref", f.two_fr, "--json", "j/"],
             ["--json", "j/"],
         ),
-        "line counts": (["evaluate", "--hyp", f.two_fr, "--ref", f.three_fr], ["two.fr has 1 lines", "three.fr has 3"]),
+        "line counts": (
+            ["evaluate", "--hyp", f.two_fr, "--ref", f.three_fr],
+            ["two.fr has 1 line but", "three.fr has 3"],
+        ),
         "empty reference": (["evaluate", "--hyp", f.empty_fr, "--ref", f.empty_fr], ["empty.fr is empty"]),
         "undecodable hypothesis": (["evaluate", "--hyp", f.bad_en, "--ref", f.two_en], ["bad.en:2", "UTF-8"]),
         "source and reference counts": (
@@ -430,7 +433,7 @@ def test_decode_and_evaluate_mistakes(cli, trained_run, files, case):
 @pytest.mark.slow  # the stdin and signal cases below run decode in a subprocess by default
 def test_decode_evaluate_mistake_through_the_console(files):
     result = run_cli("evaluate", "--hyp", files.two_fr, "--ref", files.three_fr, check=False)
-    assert_one_error(result.returncode, result.stderr, files.two_fr, "1 lines", files.three_fr, "3")
+    assert_one_error(result.returncode, result.stderr, files.two_fr, "1 line but", files.three_fr, "3")
 
 
 def test_odd_input_is_translated_line_for_line(cli, trained_run, files):

@@ -206,7 +206,7 @@ def test_evaluate_report_mistakes_are_one_line(tmp_path):
         "evaluate", "--hyp", ref, "--ref", ref, "--hyp-b", short, "--report", tmp_path / "r.html", check=False
     )
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-        f"error: {short} has 1 lines but {ref} has 2: they must match"
+        f"error: {short} has 1 line but {ref} has 2: they must match"
     ]
     assert not (tmp_path / "r.html").exists()
     missing = CliRunner().invoke(app, ["evaluate", "--hyp", str(ref), "--ref", str(ref), "--report", "no/r.html"])

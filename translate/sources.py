@@ -248,7 +248,9 @@ def read_parallel(src: Path, tgt: Path) -> Iterator[Pair]:
         if s is None or t is None:
             n_src = n + (s is not None) + sum(1 for _ in src_lines)
             n_tgt = n + (t is not None) + sum(1 for _ in tgt_lines)
-            raise UserError(f"{src} has {n_src:,} lines but {tgt} has {n_tgt:,}: the two sides must be line-aligned")
+            raise UserError(
+                f"{src} has {n_src:,} line{'s' * (n_src != 1)} but {tgt} has {n_tgt:,}: the two sides must be line-aligned"
+            )
         n += 1
         yield s, t
     if n == 0:

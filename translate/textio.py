@@ -67,7 +67,7 @@ def check_same_length(path: str | Path, lines: list[str], ref: str | Path, refer
     lines are blank ones at its end (an editor's extra newline)."""
     if len(lines) == len(references):
         return
-    message = f"{path} has {len(lines)} lines but {ref} has {len(references)}: they must match"
+    message = f"{path} has {len(lines)} line{'s' * (len(lines) != 1)} but {ref} has {len(references)}: they must match"
     longer, name = (lines, path) if len(lines) > len(references) else (references, ref)
     blank = next((k for k, line in enumerate(reversed(longer)) if line.strip()), len(longer))
     if blank >= abs(len(lines) - len(references)):
