@@ -348,7 +348,7 @@ def decode(
         typer.Option(
             "--format",
             help="text (one paragraph a line), html or markdown (the whole document, its markup kept); "
-            "default: by the extension of --input (.html/.htm, .md/.markdown), else text.",
+            "default: by the extension of --input (.html/.htm/.xhtml, .md/.markdown), else text.",
         ),
     ] = None,
 ) -> None:

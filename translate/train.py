@@ -560,7 +560,8 @@ class Trainer:
                 )
             raise SystemExit(128 + (stopper.signum or signal.SIGINT))
         if self.main:
-            log.info(f"training stopped: {reason}; best valid {t.best_metric} {s.best} at step {s.best_step}")
+            best = "none" if s.best is None else f"{s.best:.4g}"
+            log.info(f"training stopped: {reason}; best valid {t.best_metric} {best} at step {s.best_step}")
             log.info(self.time_summary())
             if t.average_last:
                 self._average_last(t.average_last)
