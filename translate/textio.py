@@ -129,7 +129,7 @@ def is_special_file(path: str | Path) -> bool:
     """Whether `path` names an open descriptor (/dev/stdout, /dev/fd/N: whatever file the shell put
     there; atomic_write writes through the descriptor) or is, through its links, a FIFO, a device or
     a socket: such a file is written into where it is, never replaced by a new one."""
-    if _DESCRIPTOR.fullmatch(os.path.abspath(path)):
+    if descriptor_of(path) is not None:
         return True
     try:
         mode = os.stat(path).st_mode

@@ -61,13 +61,14 @@ def translate_texts(
     the engine's continuous batching (serve), by engine.submit or by the function given (serve's,
     which can cancel what it submitted)."""
 
+    if submit is True:
+        submit = lambda sentences: engine.submit(sentences, options, glossary)  # noqa: E731
+
     def translate_batch(sentences: list[str]) -> list[str]:
         if not sentences:
             return []
-        if callable(submit):
-            return first_best(submit(sentences).result())
         if submit:
-            return first_best(engine.submit(sentences, options, glossary).result())
+            return first_best(submit(sentences).result())
         return first_best(engine.translate(sentences, options, glossary=glossary))
 
     if format not in FORMATS:
@@ -232,8 +233,8 @@ def evaluate_files(
     if json_out:  # the scores, and what was scored: enough to tell where a saved score came from
         given = {"ref": ref, "src": src, "hyp": hyp, "hyp_b": hyp_b, "checkpoints": list(checkpoints) or None,
                  "glossary": spec.glossary}  # fmt: skip
-        inputs = {key: [str(p) for p in v] if isinstance(v, list) else str(v) for key, v in given.items() if v}
-        write_json({**scores[0], "inputs": inputs, **({"search": search} if search else {}),
+        scored = {key: [str(p) for p in v] if isinstance(v, list) else str(v) for key, v in given.items() if v}
+        write_json({**scores[0], "inputs": scored, **({"search": search} if search else {}),
                     **({"hyp_b": scores[1]} if hypotheses_b is not None else {})}, json_out)  # fmt: skip
     if report:
         system = str(hyp) if hyp is not None else " + ".join(map(str, checkpoints))
