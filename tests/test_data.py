@@ -27,18 +27,18 @@ from translate.tokenizer import BOS, EOS, PAD
 
 
 def test_cleaning_counts():
-    pairs = [("a  b", "x\ty"), ("", "z"), ("a b", "x y"), ("c", "  "), ("d", "w")]
-    counts = {"read": 0, "empty": 0, "duplicate": 0}
+    pairs = [("a  b", "x\ty"), ("", "z"), ("a b", "x y"), ("c", "  "), ("d", "w"), ("e f", "e  f")]
+    counts = {"read": 0, "empty": 0, "duplicate": 0, "same": 0}
     out = list(clean_text_pairs(pairs, "train", counts))
-    assert out == [("a b", "x y"), ("d", "w")]
-    assert counts == {"read": 5, "empty": 2, "duplicate": 1}
+    assert out == [("a b", "x y"), ("d", "w"), ("e f", "e f")]
+    assert counts == {"read": 6, "empty": 2, "duplicate": 1, "same": 1}
 
 
 def test_dedupe_across_chunks_keeps_first_occurrences_in_order(monkeypatch):
     monkeypatch.setattr(prepare_module, "CLEAN_CHUNK", 7)
     rng = np.random.default_rng(0)
     pairs = [(f"s{i}", f"t{i % 5}") for i in rng.integers(0, 40, 300)]  # many repeats, far apart
-    counts = {"read": 0, "empty": 0, "duplicate": 0}
+    counts = {"read": 0, "empty": 0, "duplicate": 0, "same": 0}
     out = list(clean_text_pairs(pairs, "train", counts))
     assert out == list(dict.fromkeys(pairs))
     assert counts["duplicate"] == len(pairs) - len(out)
@@ -48,10 +48,10 @@ def test_cleaning_limit_reads_no_further_than_needed(monkeypatch):
     monkeypatch.setattr(prepare_module, "CLEAN_CHUNK", 4)
     pairs = [("a", "x"), ("a", "x"), ("", "y"), ("b", "y")] + [(f"s{i}", "t") for i in range(20)]
     source = iter(pairs)
-    counts = {"read": 0, "empty": 0, "duplicate": 0}
+    counts = {"read": 0, "empty": 0, "duplicate": 0, "same": 0}
     out = list(clean_text_pairs(source, "train", counts, limit=6))
     assert out == [("a", "x"), ("b", "y")] + [(f"s{i}", "t") for i in range(4)]
-    assert counts == {"read": 8, "empty": 1, "duplicate": 1}
+    assert counts == {"read": 8, "empty": 1, "duplicate": 1, "same": 0}
     assert next(source) == ("s4", "t")  # nothing read past the sixth kept pair
 
 
@@ -389,3 +389,33 @@ def test_a_meta_json_cut_short_is_prepared_again_not_a_traceback(tmp_path):
     prepare(cfg)
     assert is_prepared(cfg) and json.loads(meta.read_text())["fingerprint"]
     assert not [p.name for p in meta.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_the_source_files_recorded_are_those_read(tmp_path, monkeypatch):
+    """meta.json's sources (whose change refuses a resume, and prepares again) are exactly the files the
+    sources open: PREFIX.<lang> under a `~` or glob characters, not the files beside them; every file of
+    a local dataset directory."""
+    from translate.prepare import changed_sources, is_prepared, source_files
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    corpus = tmp_path / "c[1]"
+    corpus.mkdir()
+    fixtures = Path(__file__).parent / "fixtures"
+    for lang in ("en", "fr"):
+        (corpus / f"base.{lang}").write_bytes((fixtures / f"bible.train.{lang}").read_bytes())
+    (corpus / "base.README").write_text("notes beside the corpus\n")
+    cfg = load_config(tiny_config(tmp_path, data={"train": "~/c[1]/base", "num_workers": 0}))
+    assert source_files(cfg)["train"] == [corpus / "base.en", corpus / "base.fr"]
+    prepare(cfg)
+    (corpus / "base.README").unlink()  # not a source: the run is still prepared and resumable
+    assert is_prepared(cfg) and changed_sources(cfg) == []
+    with open(corpus / "base.fr", "a", encoding="utf-8") as f:
+        f.write("Une ligne de plus.\n")
+    assert not is_prepared(cfg) and changed_sources(cfg) == [str(corpus / "base.fr")]
+
+    saved = tmp_path / "saved"
+    (saved / "train").mkdir(parents=True)
+    for name in ("dataset_dict.json", "train/data-00000-of-00001.arrow", "train/state.json"):
+        (saved / name).write_text("{}")
+    hub = load_config(tiny_config(tmp_path, data={"source": "hub", "dataset": str(saved)}))
+    assert sorted(source_files(hub)["dataset"]) == sorted(p for p in saved.rglob("*") if p.is_file())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import gzip
 import hashlib
 import json
 import os
@@ -84,6 +85,11 @@ def files(tmp_path) -> SimpleNamespace:
         "blank.en": b"  \n\t\n",
         "blank.fr": b"x\ny\n",
         "bad.jsonl": b'{"en": "a", "fr": "b"}\n{"en": "a", \n',
+        "surrogate.jsonl": b'{"en": "a", "fr": "b"}\n{"en": "a \\ud800", "fr": "b"}\n',
+        "blankend.en": b"one\ntwo\n\n",
+        "blankend.fr": b"un\ndeux\n",
+        "gz.en": gzip.compress(b"one\ntwo\n", mtime=0),
+        "gz.fr": b"un\ndeux\n",
         "three.fr": b"un\ndeux\ntrois\n",
         "terms.tsv": b"Lord\tSeigneur\n",
         "odd.en": "\ufeffHello.\r\n\n   \n...!?\n中文句子。\n😀🎉\n".encode(),
@@ -153,6 +159,11 @@ CONFIG_CASES = {
         lambda f: ["--config", f.config, "--set", "train.max_tokens=64"],
         ["train.max_tokens (64)", "data.max_len (128)"],
     ),
+    "one language twice": (
+        lambda f: ["--config", f.config, "--set", "data.tgt_lang=en"],
+        ["data.src_lang and data.tgt_lang are both 'en'"],
+    ),
+    "a path for a language": (lambda f: ["--config", f.config, "--set", "data.tgt_lang=../fr"], ["'../fr'"]),
     "--set without =": (lambda f: ["--config", f.config, "--set", "foo"], ["--set", "'foo'"]),
     "--set into a value": (
         lambda f: ["--config", f.config, "--set", "model.d_model.x=1"],
@@ -219,6 +230,9 @@ DATA_CASES = {
     "empty file": (["data.valid={d}/empty"], ["empty.en", "empty"]),
     "empty after cleaning": (["data.valid={d}/blank"], ["valid split is empty after cleaning", "2 had an empty side"]),
     "bad jsonl": (["data.valid={d}/bad.jsonl"], ["bad.jsonl:2", "not valid JSON"]),
+    "lone surrogate": (["data.valid={d}/surrogate.jsonl"], ["surrogate.jsonl:2", "\\ud800, a lone surrogate"]),
+    "blank lines at the end": (["data.valid={d}/blankend"], ["blankend.en has 3 lines", "ends in 1 blank line"]),
+    "compressed": (["data.valid={d}/gz"], ["gz.en:1", "not UTF-8", "a gzip file? decompress it first"]),
     "length filters": (
         ["data.max_len=4", "train.max_tokens=16"],
         ["no train pair is left after the length filters", "data.max_len=4"],
@@ -234,6 +248,27 @@ def test_data_mistakes(cli, files, case):
     assert_one_error(*cli("prepare", "--config", files.config, *options)[::2], *names, logs=True)
     assert not changed(before)
     assert not (files.dir / "runs" / "e2e" / "data" / "meta.json").exists()  # never taken for prepared data
+
+
+def test_a_failed_prepare_leaves_the_data_that_was_there(cli, files, monkeypatch):
+    """Prepared data is built aside and moved into place whole: a mistake found late (the valid split's
+    files of different lengths, Ctrl-C while the vocabulary is trained) changes nothing of the run."""
+    run = files.dir / "runs" / "e2e"
+    assert cli("prepare", "--config", files.config)[0] == 0
+    before = snapshot(run / "data", run / "spm.model")  # (prepare.log tells of each attempt)
+    assert_one_error(
+        *cli("prepare", "--config", files.config, "--set", f"data.valid={files.dir}/two")[::2], "two.en", logs=True
+    )
+    assert not changed(before) and sorted(p.name for p in (run / "data").iterdir()) == sorted(
+        Path(p).name for p in before if Path(p).parent.name == "data"
+    )
+    monkeypatch.setattr(
+        "translate.prepare.Tokenizer.train", lambda *args, **kwargs: (_ for _ in ()).throw(KeyboardInterrupt)
+    )
+    assert cli("prepare", "--config", files.config, "--force")[0] == 130
+    assert not changed(before) and not (run / "data" / ".partial").exists()
+    monkeypatch.undo()
+    assert "nothing to do" in cli("prepare", "--config", files.config)[2]  # still prepared for the config
 
 
 def test_data_mistake_through_the_console(files):
@@ -277,7 +312,7 @@ def test_checkpoint_mistake_through_the_console(broken):
 def test_average_mistakes(cli, trained_run, broken, tmp_path):
     run, _ = trained_run
     ckpts = run / "checkpoints"
-    before = snapshot(run)
+    before = snapshot(run / "data", run / "spm.model")  # (prepare.log tells of each attempt)
     out = tmp_path / "avg.pt"
     step_4 = ckpts / "step_0000004.pt"
     twin = tmp_path / "twin.pt"  # another name of an input's file (as last.pt is of the newest step's)
@@ -379,6 +414,12 @@ def decode_cases(f: SimpleNamespace, ckpt: Path) -> dict[str, tuple[list, list]]
             ["two.fr has 1 line but", "three.fr has 3"],
         ),
         "empty reference": (["evaluate", "--hyp", f.empty_fr, "--ref", f.empty_fr], ["empty.fr is empty"]),
+        "blank reference": (["evaluate", "--hyp", f.two_en, "--ref", f.blank_en], ["blank.en has only blank lines"]),
+        "one reference twice": (["evaluate", "--hyp", ref, "--ref", ref, "--ref", ref], ["--ref", "given twice"]),
+        "second reference counts": (
+            ["evaluate", "--hyp", f.two_en, "--ref", f.two_en, "--ref", f.three_fr],
+            ["three.fr has 3 lines but", "two.en has 2"],
+        ),
         "undecodable hypothesis": (["evaluate", "--hyp", f.bad_en, "--ref", f.two_en], ["bad.en:2", "UTF-8"]),
         "source and reference counts": (
             ["evaluate", ckpt, "--src", f.two_en, "--ref", f.three_fr],

@@ -105,6 +105,13 @@ def test_unmask_follows_the_order_the_model_chose():
     assert unmask("Copier ⦅1⦆ vers ⦅0⦆", spans) == "Copier %d vers %s"
 
 
+def test_a_placeholder_written_in_the_input_comes_back_as_written():
+    """The text of a placeholder in the input is a span of its own: not read as the number inside it."""
+    masked, spans = mask("Keep ⦅1⦆ and 42 as ⦅12⦆.")
+    assert masked == "Keep ⦅0⦆ and ⦅1⦆ as ⦅2⦆." and spans == ["⦅1⦆", "42", "⦅12⦆"]
+    assert unmask("Garder ⦅0⦆ et ⦅1⦆ comme ⦅2⦆.", spans) == "Garder ⦅1⦆ et 42 comme ⦅12⦆."
+
+
 def test_at_most_max_placeholders_are_masked():
     text = " ".join(str(i) for i in range(MAX_PLACEHOLDERS + 5))
     masked, spans = mask(text)

@@ -287,3 +287,20 @@ def test_sorting_and_filtering_in_the_browser(browser, tmp_path):
     )
     shown = rows_in_dom(browser, "chrf-a")
     assert shown and all(float(lo) <= c <= float(hi) for c in shown)
+
+
+def test_several_references_score_together(tmp_path):
+    """--ref repeated: sacreBLEU's multi-reference BLEU and chrF (nrefs:2); a hypothesis that matches
+    the second reference scores 100 though it differs from the first; the report shows the first."""
+    first, second, hyp = tmp_path / "a.fr", tmp_path / "b.fr", tmp_path / "h.fr"
+    first.write_text("le chat dort sur le tapis rouge .\nil pleut depuis trois jours .\n")
+    second.write_text("le chat dort sur la natte rouge .\nil pleut depuis trois jours déjà .\n")
+    hyp.write_text(second.read_text())
+    scores, report = tmp_path / "s.json", tmp_path / "r.html"
+    one = run_cli("evaluate", "--hyp", hyp, "--ref", first).stdout
+    both = run_cli("evaluate", "--hyp", hyp, "--ref", first, "--ref", second, "--json", scores, "--report", report)
+    assert "BLEU 100.00  (nrefs:2|" in both.stdout and "chrF 100.00  (nrefs:2|" in both.stdout
+    assert "(nrefs:1|" in one and "BLEU 100.00" not in one
+    saved = json.loads(scores.read_text())
+    assert saved["bleu"] == 100 and saved["inputs"]["ref"] == [str(first), str(second)]
+    assert "tapis" in report.read_text() and str(second) in report.read_text()

@@ -371,7 +371,14 @@ def evaluate(
     src: Annotated[
         Optional[Path], typer.Option("--src", help="English source file to translate (with --hyp: shown in --report).")
     ] = None,
-    ref: Annotated[Path, typer.Option("--ref", help="French reference file, one line per source line.")] = ...,
+    ref: Annotated[
+        list[Path],
+        typer.Option(
+            "--ref",
+            help="French reference file, one line per source line; repeat it for several references.",
+            metavar="FILE",
+        ),
+    ] = ...,
     hyp: Annotated[
         Optional[Path], typer.Option("--hyp", help="Score this existing output instead of translating.")
     ] = None,

@@ -367,6 +367,15 @@ def _rules(cfg: Config) -> list[tuple[bool, str]]:
         (cfg.data.num_workers is None or cfg.data.num_workers >= 0, "data.num_workers must not be negative"),
         (cfg.data.valid_size >= 1 and cfg.data.test_size >= 1, "data.valid_size and data.test_size must be at least 1"),
         (0 <= cfg.data.protect_share <= 1, "data.protect_share must be in [0, 1]"),
+        (
+            all(re.fullmatch(r"[\w-]+", lang) for lang in (cfg.data.src_lang, cfg.data.tgt_lang)),
+            f"data.src_lang and data.tgt_lang must be language codes such as en and fr (they name the files), "
+            f"got {cfg.data.src_lang!r} and {cfg.data.tgt_lang!r}",
+        ),
+        (
+            cfg.data.src_lang != cfg.data.tgt_lang,
+            f"data.src_lang and data.tgt_lang are both {cfg.data.src_lang!r}: a pair needs two languages",
+        ),
         (bool(cfg.name) and "/" not in cfg.name, f"name must be a plain directory name, got {cfg.name!r}"),
     ]
 

@@ -10,15 +10,16 @@ from sacrebleu.metrics import BLEU, CHRF
 from translate.errors import UserError
 
 
-def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
-    """Detokenized hypotheses against raw references, one each (13a tokenization, mixed case)."""
-    if len(hypotheses) != len(references):
+def score(hypotheses: list[str], references: list[str], *more: list[str]) -> dict[str, Any]:
+    """Detokenized hypotheses against raw references, one each (13a tokenization, mixed case); `more`:
+    further references of the same sentences (multi-reference BLEU and chrF, `nrefs:N` in the signatures)."""
+    if any(len(hypotheses) != len(refs) for refs in (references, *more)):
         raise UserError(f"{len(hypotheses)} hypotheses but {len(references)} references: line counts must match")
     if not references:
         raise UserError("no sentences to score: the references are empty")
     bleu, chrf = BLEU(), CHRF()
-    b = bleu.corpus_score(hypotheses, [references])
-    c = chrf.corpus_score(hypotheses, [references])
+    b = bleu.corpus_score(hypotheses, [references, *more])
+    c = chrf.corpus_score(hypotheses, [references, *more])
     return {
         "bleu": round(b.score, 2),
         "chrf": round(c.score, 2),

@@ -22,6 +22,7 @@ import logging
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 import sys
 from collections import deque
@@ -114,6 +115,7 @@ def clean_text_pairs(
         if not src or not tgt:
             counts["empty"] += 1
             continue
+        counts["same"] += src == tgt
         chunk.append((src, tgt))
         if len(chunk) == want:
             kept += yield from _unseen(chunk, seen, counts)
@@ -168,13 +170,20 @@ def fingerprint(cfg: Config) -> str:
 
 
 def source_files(cfg: Config) -> dict[str, list[Path]]:
-    """The files each data key given reads (data.train: PREFIX.en and PREFIX.fr, or the .tsv ...)."""
-    found = {}
-    for key in ("train", "valid", "test", "dataset", "bible_db"):
-        value = getattr(cfg.data, key)
-        if value:
-            files = [Path(value), *Path(value).parent.glob(Path(value).name + ".*")]
+    """The files each data key given reads, as the sources open them: data.train/valid/test's
+    PREFIX.<src_lang> and PREFIX.<tgt_lang> (or the .tsv / .jsonl file), every file of a local
+    data.dataset directory, data.bible_db. Paths as the config gives them, `~` expanded."""
+    d, found = cfg.data, {}
+    for key in ("train", "valid", "test"):
+        if value := getattr(d, key):
+            path = Path(value).expanduser()
+            single = path.suffix.lower() in (".tsv", ".jsonl")
+            files = [path] if single else [Path(f"{path}.{lang}") for lang in dict.fromkeys((d.src_lang, d.tgt_lang))]
             found[key] = [p for p in files if p.is_file()]
+    if d.dataset and (local := Path(d.dataset).expanduser()).is_dir():  # a hub name reads the hub's cache
+        found["dataset"] = [p for p in local.rglob("*") if p.is_file()]
+    if d.bible_db and (db := Path(d.bible_db).expanduser()).is_file():
+        found["bible_db"] = [db]
     return found
 
 
@@ -189,8 +198,14 @@ def changed_sources(cfg: Config) -> list[str]:
     then = (read_meta(cfg) or {}).get("sources")
     if then is None:
         return []
-    now = source_sizes(cfg)
-    return sorted(path for path in then if then[path] != now.get(path))
+    return sorted(path for path in then if then[path] != _size(Path(path)))
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size if path.is_file() else None
+    except OSError:
+        return None
 
 
 def read_meta(cfg: Config) -> dict | None:
@@ -226,7 +241,7 @@ def _clean_splits(cfg: Config, data_dir: Path) -> dict[str, int]:
         pairs = sources.get(split)
         if pairs is None:
             continue
-        counts = {"read": 0, "empty": 0, "duplicate": 0}
+        counts = {"read": 0, "empty": 0, "duplicate": 0, "same": 0}
         cleaned = clean_text_pairs(pairs, split, counts, cfg.data.max_train_pairs if split == "train" else None)
         n = 0
         with (
@@ -243,6 +258,11 @@ def _clean_splits(cfg: Config, data_dir: Path) -> dict[str, int]:
             f"{split}: read {counts['read']:,} pairs, dropped {counts['empty']:,} with an empty side "
             f"and {counts['duplicate']:,} duplicates, kept {n:,}"
         )
+        if counts["same"] > (counts["read"] - counts["empty"]) / 2:
+            log.warning(
+                f"{split}: {counts['same']:,} of {counts['read'] - counts['empty']:,} pairs have the same text on both "
+                f"sides: are the {cfg.data.src_lang} and {cfg.data.tgt_lang} sides the same file or column?"
+            )
         if n == 0:
             raise UserError(
                 f"the {split} split is empty after cleaning (read {counts['read']}, "
@@ -414,19 +434,42 @@ def _encode_split(cfg: Config, tok: Tokenizer, data_dir: Path, split: str, n: in
 
 
 def prepare(cfg: Config, force: bool = False) -> Path:
-    """Make RUN/data and RUN/spm.model for this config; reuse them when nothing changed."""
+    """Make RUN/data and RUN/spm.model for this config; reuse them when nothing changed.
+
+    Everything is built in RUN/data/.partial and moved into place only when whole, so that a
+    prepare that fails (a bad line in a source, a full disk, Ctrl-C) leaves the data that was there."""
     run, data_dir = cfg.run_path, cfg.run_path / "data"
     if not force and is_prepared(cfg):
         log.info(f"{data_dir}: already prepared for this config, nothing to do")
         return data_dir
-    data_dir.mkdir(parents=True, exist_ok=True)
-    meta_path = data_dir / "meta.json"
-    meta_path.unlink(missing_ok=True)  # a half-done prepare is never taken for a finished one
+    stage = data_dir / ".partial"
+    shutil.rmtree(stage, ignore_errors=True)  # what a prepare killed midway left
+    stage.mkdir(parents=True)
+    try:
+        tok, stats = _build(cfg, stage)
+        meta = {"fingerprint": fingerprint(cfg), "sources": source_sizes(cfg), "vocab_size": tok.vocab_size}
+        meta_path = data_dir / "meta.json"
+        meta_path.unlink(missing_ok=True)  # from here the old data is no longer whole: never taken for prepared
+        for path in stage.iterdir():
+            os.replace(path, data_dir / path.name)
+        tok.save(run / "spm.model")
+        with atomic_write(meta_path) as f:  # last, and whole or not at all: it marks the data prepared
+            f.write(json.dumps({**meta, "splits": stats}, indent=2))
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    for split, s in stats.items():
+        log.info(f"{split}: {s['pairs']:,} pairs, {s['src_tokens']:,} source and {s['tgt_tokens']:,} target pieces")
+    return data_dir
+
+
+def _build(cfg: Config, data_dir: Path) -> tuple[Tokenizer, dict[str, dict[str, int]]]:
+    """The cleaned splits, their id arrays and the vocabulary, written into `data_dir`; the
+    tokenizer and each split's counts."""
     sizes = _clean_splits(cfg, data_dir)
     if (init_model := init_vocabulary(cfg)) is not None:
         whose = (
             "the run's own (its checkpoints')"
-            if newest_checkpoint(run / "checkpoints")
+            if newest_checkpoint(cfg.run_path / "checkpoints")
             else f"the one of {cfg.train.init_from} (train.init_from)"
         )
         log.info(f"vocabulary: {whose}, not trained")
@@ -441,18 +484,7 @@ def prepare(cfg: Config, force: bool = False) -> Path:
             sample, cfg.vocab.size, cfg.vocab.model_type, cfg.vocab.character_coverage, cfg.seed, symbols
         )
         del sample
-    tok.save(run / "spm.model")
     workers = min(os.cpu_count() or 1, 8) if cfg.data.num_workers is None else cfg.data.num_workers
     log.info(f"encoding with {workers or 'no'} worker processes")
     stats = {split: _encode_split(cfg, tok, data_dir, split, sizes[split], workers) for split in SPLITS}
-    meta = {
-        "fingerprint": fingerprint(cfg),
-        "sources": source_sizes(cfg),
-        "vocab_size": tok.vocab_size,
-        "splits": stats,
-    }
-    with atomic_write(meta_path) as f:  # last, and whole or not at all: it marks the data prepared
-        f.write(json.dumps(meta, indent=2))
-    for split, s in stats.items():
-        log.info(f"{split}: {s['pairs']:,} pairs, {s['src_tokens']:,} source and {s['tgt_tokens']:,} target pieces")
-    return data_dir
+    return tok, stats

@@ -26,6 +26,7 @@ Two more kinds of span are protected whatever the classes:
     markup   a private-use character (U+E000-U+F8FF, planes 15 and 16): markup.py stands one for each inline
              tag or piece of Markdown syntax within a sentence; no other span runs across one
     term     an entry of a glossary (glossary.py): it comes back as the entry's target term
+    literal  a placeholder's own text in the input (`⦅1⦆`): it comes back as it was, not as a span of its own
 
 A glossary's terms compete with the classes' spans by the same rule (the first to start wins,
 then the longest): a term inside a URL or a tag is part of it and left alone, a term that
@@ -131,6 +132,7 @@ def find_spans(text: str, classes: Sequence[str] = CLASSES, glossary: Terms | No
         for m in _ESCAPES_COMPILED[kind].finditer(shadow)
     ]
     found += [Span(m.start(), m.end(), m.group(), "markup") for m in MARKUP.finditer(text)]
+    found += [Span(m.start(), m.end(), m.group(), "literal") for m in PLACEHOLDER.finditer(text)]
     if glossary is not None:
         found += glossary.find(text)
     return [s for s in first_then_longest(found) if s.kind != "escape"]

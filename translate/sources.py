@@ -9,6 +9,7 @@ and cleaned in memory. Generic cleaning (whitespace, empty lines, lengths, dedup
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 import os
@@ -245,11 +246,18 @@ def read_parallel(src: Path, tgt: Path) -> Iterator[Pair]:
     src_lines, tgt_lines = read_lines(src), read_lines(tgt)
     n = 0
     for s, t in zip_longest(src_lines, tgt_lines):
-        if s is None or t is None:
-            n_src = n + (s is not None) + sum(1 for _ in src_lines)
-            n_tgt = n + (t is not None) + sum(1 for _ in tgt_lines)
+        if s is None or t is None:  # one side ran out: count the other's lines left, without keeping them
+            longer, rest = (
+                (src, itertools.chain([s], src_lines)) if s is not None else (tgt, itertools.chain([t], tgt_lines))
+            )
+            extra = text = 0
+            for number, line in enumerate(rest, 1):
+                extra, text = number, number if line.strip() else text
+            n_src, n_tgt = (n + extra, n) if longer == src else (n, n + extra)
+            blank = f" ({longer} ends in {extra} blank line{'s' * (extra > 1)})" if not text else ""
             raise UserError(
-                f"{src} has {n_src:,} line{'s' * (n_src != 1)} but {tgt} has {n_tgt:,}: the two sides must be line-aligned"
+                f"{src} has {n_src:,} line{'s' * (n_src != 1)} but {tgt} has {n_tgt:,}: the two sides must be "
+                f"line-aligned{blank}"
             )
         n += 1
         yield s, t
@@ -308,6 +316,13 @@ def read_jsonl(path: Path, cfg: DataConfig) -> Iterator[Pair]:
             if not isinstance(row.get(key), str):
                 problem = "no" if key not in row else "a non-string"
                 raise UserError(f"{path}:{number}: {problem} '{key}' field (data.src_column/tgt_column name others)")
+            try:
+                row[key].encode("utf-8")
+            except UnicodeEncodeError as e:  # json.loads takes "\ud800", which no UTF-8 file can hold
+                code = ord(row[key][e.start])
+                raise UserError(
+                    f"{path}:{number}: the '{key}' field holds \\u{code:04x}, a lone surrogate, not text"
+                ) from None
         n += 1
         yield row[src_key], row[tgt_key]
     if n == 0:
@@ -327,7 +342,10 @@ def hub_source(cfg: DataConfig) -> dict[str, Iterable[Pair] | None]:
     name = cfg.dataset or ""
     local = Path(name).expanduser()
     if name.startswith(("/", "./", "../", "~")) and not local.is_dir():  # a path, not a hub name
-        raise UserError(f"data.dataset: directory not found: {local}")
+        what = "is a file, not a directory (one saved with save_to_disk, or of data files)"
+        raise UserError(
+            f"data.dataset: {local} {what}" if local.exists() else f"data.dataset: directory not found: {local}"
+        )
     if local.is_dir() and any((local / f).is_file() for f in ("dataset_dict.json", "state.json")):
         if cfg.subset:
             raise UserError(f"data.subset {cfg.subset!r}: {local} was saved with save_to_disk, it has no subsets")

@@ -39,6 +39,7 @@ def text_lines(f: IO[bytes], name: str) -> Iterator[str]:
             except UnicodeDecodeError as e:
                 raise UserError(
                     f"{name}:{number}: not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})"
+                    + (compressed(raw) if number == 1 else "")
                 ) from None
             if number == 1:
                 line = line.removeprefix("\ufeff")
@@ -97,7 +98,17 @@ def read_text(path: str | Path = "-", what: str = "input") -> str:
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
         column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
-        raise UserError(f"{name}:{line}: not UTF-8 (byte {raw[e.start]:#04x} at column {column})") from None
+        hint = compressed(raw)
+        raise UserError(f"{name}:{line}: not UTF-8 (byte {raw[e.start]:#04x} at column {column}){hint}") from None
+
+
+COMPRESSED = {b"\x1f\x8b": "gzip", b"\xfd7zXZ\x00": "xz", b"(\xb5/\xfd": "zstd", b"PK\x03\x04": "zip"}
+
+
+def compressed(head: bytes) -> str:
+    """Where a file's first bytes are those of a compressed file, a hint saying so."""
+    kind = next((kind for magic, kind in COMPRESSED.items() if head.startswith(magic)), None)
+    return f": a {kind} file? decompress it first" if kind else ""
 
 
 def _stdin() -> IO[bytes]:

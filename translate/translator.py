@@ -192,7 +192,7 @@ def translate_file_lines(
 
 
 def evaluate_files(
-    ref: Path,
+    ref: Path | Sequence[Path],
     *,
     spec: EngineSpec = EngineSpec(()),
     src: Path | None = None,
@@ -204,9 +204,11 @@ def evaluate_files(
     split: bool = True,
 ) -> list[str]:
     """`translate evaluate`: score `hyp`, or the translation of `src` by the engine of `spec`,
-    against `ref`; `hyp_b` too, side by side. Writes --json and --report; returns the lines to
-    print (the scores with their signatures)."""
+    against `ref` (several: multi-reference scores; the report shows the first); `hyp_b` too, side
+    by side. Writes --json and --report; returns the lines to print (the scores with their signatures)."""
     checkpoints = spec.checkpoints
+    refs = [Path(ref)] if isinstance(ref, (str, Path)) else [Path(r) for r in ref]
+    ref = refs[0]
     from translate.evaluate import format_scores, score
     from translate.report import build_report, write_report
 
@@ -217,28 +219,33 @@ def evaluate_files(
     named = (("--report", report), ("--output", output), ("--json", json_out))
     outputs = [(option, Path(path)) for option, path in named if path is not None]
     for i, (option, path) in enumerate(outputs):
-        check_output_path(path, option, [ref, src, hyp, hyp_b, *checkpoints, spec.glossary])
+        check_output_path(path, option, [*refs, src, hyp, hyp_b, *checkpoints, spec.glossary])
         for other, earlier in outputs[:i]:
             if path.resolve() == earlier.resolve():
                 raise UserError(f"{other} and {option} are the same file {path}; give each its own")
     references, sources, hypotheses, hypotheses_b = _evaluation_inputs(ref, checkpoints, src, hyp, hyp_b)
+    more = [_more_references(path, ref, references) for path in refs[1:]]
     search: dict[str, Any] = {}
     if hypotheses is None:
         hypotheses = translate_file_lines(spec, sources, output, split, search)  # type: ignore[arg-type]
-    scores = [score(hypotheses, references)]
+    scores = [score(hypotheses, references, *more)]
     printed = [format_scores(scores[0])]
     if hypotheses_b is not None:
-        scores.append(score(hypotheses_b, references))
+        scores.append(score(hypotheses_b, references, *more))
         printed.append(f"\n--hyp-b {hyp_b}:\n" + format_scores(scores[1]))
     if json_out:  # the scores, and what was scored: enough to tell where a saved score came from
-        given = {"ref": ref, "src": src, "hyp": hyp, "hyp_b": hyp_b, "checkpoints": list(checkpoints) or None,
-                 "glossary": spec.glossary}  # fmt: skip
+        given = {"ref": refs if more else ref, "src": src, "hyp": hyp, "hyp_b": hyp_b,
+                 "checkpoints": list(checkpoints) or None, "glossary": spec.glossary}  # fmt: skip
         scored = {key: [str(p) for p in v] if isinstance(v, list) else str(v) for key, v in given.items() if v}
         write_json({**scores[0], "inputs": scored, **({"search": search} if search else {}),
                     **({"hyp_b": scores[1]} if hypotheses_b is not None else {})}, json_out)  # fmt: skip
     if report:
         system = str(hyp) if hyp is not None else " + ".join(map(str, checkpoints))
         inputs = [f"reference: {ref}"] + [f"source: {src}"] * (src is not None)
+        if more:  # the corpus scores are against every reference; the sentences' figures against the first
+            inputs[0] += (
+                f" (scores also against {', '.join(map(str, refs[1:]))}; each sentence's chrF against it alone)"
+            )
         page = build_report(
             references, hypotheses, sources=sources, hypotheses_b=hypotheses_b, names=[system, str(hyp_b)],
             inputs=inputs, title=f"translation report: {system}", scores=scores,
@@ -264,12 +271,23 @@ def _refuse_decoding_options(spec: EngineSpec, split: bool) -> None:
         )
 
 
+def _more_references(path: Path, first: Path, references: list[str]) -> list[str]:
+    """A further --ref: as many lines as the first, and not the same file."""
+    if path.resolve() == first.resolve():
+        raise UserError(f"--ref {path} is given twice; each --ref is another reference of the same sentences")
+    lines = read_all_lines(path, "reference")
+    check_same_length(path, lines, first, references)
+    return lines
+
+
 def _evaluation_inputs(
     ref: Path, checkpoints: Sequence[str | Path], src: Path | None, hyp: Path | None, hyp_b: Path | None
 ) -> tuple[list[str], list[str] | None, list[str] | None, list[str] | None]:
     """The references, sources, hypotheses (None: to translate) and second hypotheses, read and
     checked: as many lines each, and either --hyp or a checkpoint with --src."""
     references = read_all_lines(ref, "reference")
+    if not any(line.strip() for line in references):
+        raise UserError(f"reference file {ref} has only blank lines: nothing to score against")
 
     def read_matching(path: Path | None, what: str) -> list[str] | None:
         if path is None:
