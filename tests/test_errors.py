@@ -108,6 +108,8 @@ def broken(trained_run, tmp_path_factory) -> SimpleNamespace:
     good = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
     data = (run / "checkpoints" / "last.pt").read_bytes()
     (d / "truncated.pt").write_bytes(data[: len(data) // 2])
+    middle = len(data) // 2  # bytes damaged inside the weights: torch.load reads them as they are
+    (d / "damaged.pt").write_bytes(data[:middle] + b"\xff" * 4096 + data[middle + 4096 :])
     (d / "empty.pt").write_bytes(b"")
     (d / "text.pt").write_text("not a checkpoint\n")
     torch.save({**good, "format": 99}, d / "future.pt")
@@ -282,6 +284,7 @@ CHECKPOINT_CASES = {
     "missing": ("missing.pt", ["checkpoint not found", "missing.pt"]),
     "directory": ("", ["is a directory, not a checkpoint"]),
     "truncated": ("truncated.pt", ["truncated.pt", "truncated or corrupt"]),
+    "damaged": ("damaged.pt", ["damaged.pt", "corrupt: its record", "fails its checksum"]),
     "empty": ("empty.pt", ["empty.pt", "an empty file"]),
     "text": ("text.pt", ["text.pt", "not a checkpoint"]),
     "other format": ("future.pt", ["future.pt", "checkpoint format 99", f"reads format {CHECKPOINT_FORMAT}"]),
@@ -700,6 +703,70 @@ def test_resume_after_the_source_files_changed_changes_nothing(cli, run_copy):
     code, _, err = cli("train", *options, "--resume")
     assert_one_error(code, err, "cannot resume", source, "gone or changed", "--set name=")
     assert not changed(before)
+
+
+def test_resume_from_a_damaged_last_checkpoint_names_the_one_before(cli, run_copy):
+    copy, options = run_copy
+    last, earlier = copy / "checkpoints" / "last.pt", copy / "checkpoints" / "step_0000008.pt"
+    data = last.read_bytes()
+    last.unlink()  # a damaged copy of its own: step_0000008.pt, to which it was linked, stays whole
+    last.write_bytes(data[: len(data) // 2] + b"\xff" * 4096 + data[len(data) // 2 + 4096 :])
+    before = snapshot(copy / "checkpoints", copy / "data")
+    code, _, err = cli("train", *options, "--resume")
+    assert_one_error(code, err, "last.pt", "fails its checksum", f"ln -f {earlier} {last}")
+    assert not changed(before)
+
+
+def test_run_directories_that_are_files(cli, files):
+    run = files.dir / "runs" / "e2e"
+    run.mkdir(parents=True)
+    (run / "checkpoints").write_text("not a directory\n")
+    code, _, err = cli("train", "--config", files.config)
+    assert_one_error(code, err, run / "checkpoints", "is a file, not a directory")
+    (run / "checkpoints").unlink()
+    (run / "data").write_text("not a directory\n")
+    assert_one_error(*cli("prepare", "--config", files.config)[::2], run / "data", "is a file, not a directory")
+
+
+def test_resume_or_prepare_with_another_seed_changes_nothing(cli, run_copy):
+    """The seed drew the run's held-out splits, its vocabulary's sample and its batches' order."""
+    copy, options = run_copy
+    before = snapshot(copy / "checkpoints", copy / "data", copy / "spm.model")
+    code, _, err = cli("train", *options, "--set", "seed=5", "--resume")
+    assert_one_error(code, err, "cannot resume", "seed is 5 here but 1", "last.pt")
+    config = [o for o in options if o != "--resume"]
+    code, _, err = cli("prepare", *config, "--set", "seed=5")
+    assert_one_error(code, err, "cannot prepare", "seed is 5 here but 1", "--set name=")
+    assert not changed(before)
+
+
+def test_prepare_after_the_source_files_changed_changes_nothing(cli, run_copy):
+    copy, options = run_copy
+    meta_path = copy / "data" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    source = sorted(meta["sources"])[0]
+    meta["sources"][source] += 1  # as if the file had grown since
+    meta_path.write_text(json.dumps(meta))
+    before = snapshot(copy / "checkpoints", copy / "data", copy / "spm.model")
+    code, _, err = cli("prepare", *[o for o in options if o != "--resume"])
+    assert_one_error(code, err, "cannot prepare", source, "gone or changed", "--set name=")
+    assert not changed(before)
+
+
+def test_a_trained_run_prepared_again_keeps_its_vocabulary(cli, run_copy):
+    """Data prepared again for a run that has trained (its sources touched, so that the fingerprint
+    differs; --force) is encoded with the checkpoints' vocabulary, and the run resumes."""
+    copy, options = run_copy
+    vocabulary = (copy / "spm.model").read_bytes()
+    meta_path = copy / "data" / "meta.json"
+    meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "fingerprint": "touched"}))
+    code, _, err = cli("train", *options, "--resume")
+    assert code == 0, err
+    assert "vocabulary: the run's own" in err and (copy / "spm.model").read_bytes() == vocabulary
+    (copy / "spm.model").write_bytes(b"another vocabulary")
+    code, _, err = cli("prepare", *options[:2], *options[2:4], "--force")
+    assert code == 0, err
+    assert (copy / "spm.model").read_bytes() == vocabulary
 
 
 def test_disk_full_while_saving_keeps_the_last_checkpoint(cli, run_copy, monkeypatch):

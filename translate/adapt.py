@@ -71,19 +71,17 @@ def _vocabulary(path: str, size: int, mtime_ns: int) -> bytes:
 
 
 def init_vocabulary(cfg: Config) -> bytes | None:
-    """The SentencePiece model bytes of train.init_from's checkpoint, or None without init_from; in a
-    run that has trained, its own (its newest checkpoint's: the one it started from may have moved or
-    changed since)."""
-    if not cfg.train.init_from:
-        return None
-    path = Path(cfg.train.init_from).expanduser()
+    """The SentencePiece model bytes a preparation keeps rather than trains: in a run that has trained,
+    its own (its newest checkpoint's, whatever the config or the sources say now: the checkpoints go on
+    with it); else train.init_from's checkpoint's; else None."""
     if (newest := newest_checkpoint(cfg.run_path / "checkpoints")) is not None:  # a run that has trained
-        own = cfg.run_path / "spm.model"
-        if own.is_file():  # its copy (resuming checks it against the checkpoint's)
-            return own.read_bytes()
         path = newest
-    if not path.is_file():
-        load_checkpoint(path)  # the one-line error for a missing path or a directory
+    elif cfg.train.init_from:
+        path = Path(cfg.train.init_from).expanduser()
+        if not path.is_file():
+            load_checkpoint(path)  # the one-line error for a missing path or a directory
+    else:
+        return None
     stat = path.stat()
     return _vocabulary(str(path), stat.st_size, stat.st_mtime_ns)
 

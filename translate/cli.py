@@ -223,11 +223,12 @@ def prepare(
 ) -> None:
     """Fetch, clean and split the corpus, train SentencePiece, encode every split to ids."""
     from translate.prepare import prepare as run_prepare
-    from translate.rundir import RunLock, prepare_config
+    from translate.rundir import RunLock, check_run_layout, prepare_config
 
     cfg = _load_cfg(config, set_)
     _log_to_file(cfg.run_path / "prepare.log")
     lock = RunLock(cfg.run_path)  # a training of this run reads the data that preparing would replace
+    check_run_layout(cfg.run_path)
     try:
         data_dir = run_prepare(prepare_config(cfg), force=force)
     finally:

@@ -32,10 +32,21 @@ class RunLock:
         self.file.close()
 
 
+RUN_DIRS = {"data": "prepared data", "checkpoints": "checkpoints", "tb": "TensorBoard events"}
+
+
+def check_run_layout(run: Path) -> None:
+    """The run's own directories, where they exist, are directories (not files put there by hand)."""
+    for name, what in RUN_DIRS.items():
+        if (run / name).exists() and not (run / name).is_dir():
+            raise UserError(f"{run / name} is a file, not a directory: the run keeps its {what} there; move it away")
+
+
 def check_run_dir(cfg: Config, resume: bool, saved: dict[str, Any] | None = None) -> None:
     """Refuse to train over an earlier run without --resume; with it, check last.pt (`saved`, loaded
     if not given): its model, vocabulary and data settings must be those of the config."""
     run = cfg.run_path
+    check_run_layout(run)
     ckpt_dir = run / "checkpoints"
     last, newest = ckpt_dir / "last.pt", newest_checkpoint(ckpt_dir)
     if newest is not None and not last.is_file():  # starting again would write over them
@@ -55,9 +66,14 @@ def check_run_dir(cfg: Config, resume: bool, saved: dict[str, Any] | None = None
     ckpt = saved if saved is not None else load_checkpoint(last)
     check_resumable(ckpt, last)
     check_same_setup(cfg, ckpt, last)
+    refuse_changed_sources(cfg, "resume")
+
+
+def refuse_changed_sources(cfg: Config, doing: str) -> None:
+    """A UserError where a source file of the run's prepared data is gone or changed in size since."""
     if changed := changed_sources(cfg):
         raise UserError(
-            f"cannot resume: {changed[0]} is gone or changed since {run / 'data'} was prepared from it"
+            f"cannot {doing}: {changed[0]} is gone or changed since {cfg.run_path / 'data'} was prepared from it"
             f"{f' (and {len(changed) - 1} more)' if len(changed) > 1 else ''}; the checkpoints were trained on "
             "the data as it was: put the files back, or train a new run on them (--set name=...)"
         )
@@ -76,17 +92,20 @@ def check_same_setup(
     """A resumed (or prepared again) run keeps the settings of these sections of its checkpoint at
     `path` (UserError otherwise)."""
     saved, now = ckpt["config"], config_to_dict(cfg)
-    for section in sections:
-        for key, value in saved[section].items():
-            if key not in UNCHECKED.get(section, ()) and not agrees(now[section].get(key), value):
-                raise UserError(
-                    f"cannot {doing}: {section}.{key} is {now[section].get(key)!r} here but {value!r} in {path}"
-                    + (
-                        ""
-                        if doing == "resume"
-                        else f" (the run's checkpoints were trained on its data as it is; {doing} another run: --set name=...)"
-                    )
-                )
+    # seed: it drew the held-out splits, the vocabulary's sample, the placeholder copies and the batches' order
+    pairs = [
+        (f"{section}.{key}", now[section].get(key), value)
+        for section in sections
+        for key, value in saved[section].items()
+        if key not in UNCHECKED.get(section, ())
+    ]
+    pairs += [("seed", now.get("seed"), saved["seed"])] if "seed" in saved else []
+    for key, here, there in pairs:
+        if not agrees(here, there):
+            advice = f" (the run's checkpoints were trained on its data as it is; {doing} another run: --set name=...)"
+            raise UserError(
+                f"cannot {doing}: {key} is {here!r} here but {there!r} in {path}{advice * (doing != 'resume')}"
+            )
 
 
 def prepare_config(cfg: Config) -> Config:
@@ -99,6 +118,7 @@ def prepare_config(cfg: Config) -> Config:
     ckpt = load_checkpoint(newest)
     cfg = resumed_config(cfg, ckpt)
     check_same_setup(cfg, ckpt, newest, doing="prepare", sections=("vocab", "data"))
+    refuse_changed_sources(cfg, "prepare")
     return cfg
 
 

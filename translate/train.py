@@ -124,6 +124,17 @@ def relative_paths(cfg: Config) -> list[str]:
     return [str(p) for p in paths if p and not Path(p).expanduser().is_absolute()]
 
 
+def load_last(last: Path) -> dict[str, Any]:
+    """The run's last.pt; where it cannot be read, the error names the checkpoint before it to go on from."""
+    try:
+        return load_checkpoint(last)
+    except UserError as e:
+        earlier = [p for p in step_checkpoints(last.parent) if not p.samefile(last)]
+        if not earlier:
+            raise
+        raise UserError(f"{e}; to continue from the checkpoint before it: ln -f {earlier[-1]} {last}") from None
+
+
 # ---------------------------------------------------------------------------- the loop
 
 
@@ -134,7 +145,7 @@ class Trainer:
         init = saved = None
         last = cfg.run_path / "checkpoints" / "last.pt"
         if resume and last.is_file():  # last.pt has it all: the run's state, its start, its vocabulary
-            saved = load_checkpoint(last)  # checked by check_run_dir (before anything is prepared)
+            saved = load_last(last)  # checked by check_run_dir (before anything is prepared)
             cfg = resumed_config(cfg, saved, World.from_env().main)
         elif cfg.train.init_from:
             init = load_init(cfg)  # refused before anything is written
@@ -286,7 +297,8 @@ class Trainer:
         check_same_setup(self.cfg, ckpt, self.ckpt_dir / "last.pt")
         if ckpt["spm_model"] != self.tokenizer.model_bytes:
             raise UserError(
-                f"cannot resume: {self.run / 'spm.model'} is not the vocabulary the checkpoint was trained with"
+                f"cannot resume: {self.run / 'spm.model'} is not the vocabulary the checkpoint was trained with "
+                f"(translate prepare --config {self.run / 'config.yaml'} --force writes the data anew with it)"
             )
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
