@@ -39,7 +39,12 @@ def test_init_from_on_the_command_line_is_recorded_and_shown(trained_run, tmp_pa
     run, _ = trained_run
     source = run / "checkpoints" / "last.pt"
     config = tiny_config(tmp_path, name="adapted", max_steps=2, eval_every=2, save_every=2)
-    run_cli("train", "--config", config, "--init-from", source)
+    run_cli("prepare", "--config", config, "--init-from", source)  # the data of that vocabulary, made ahead
+    spm = tmp_path / "runs" / "adapted" / "spm.model"
+    assert spm.read_bytes() == load_checkpoint(source)["spm_model"]
+    made = spm.stat().st_mtime_ns
+    assert "nothing to do" in run_cli("train", "--config", config, "--init-from", source).stderr
+    assert spm.stat().st_mtime_ns == made
     last = tmp_path / "runs" / "adapted" / "checkpoints" / "last.pt"
     ckpt = load_checkpoint(last)
     assert ckpt["step"] == 2 and ckpt["init_from"]["path"] == str(source.resolve())

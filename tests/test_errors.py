@@ -335,6 +335,7 @@ def test_average_mistakes(cli, trained_run, broken, tmp_path):
         (["average", "--last", "9", "--run", run, "-o", out], ["fewer than --last 9"]),
         (["average", "--last", "2", "--run", run, "-o", tmp_path / "no" / "avg.pt"], ["directory", "does not exist"]),
         (["average", step_4, ckpts / "last.pt", "-o", ckpts / "last.pt"], ["one of the input files"]),
+        (["average", step_4, ckpts / "last.pt", "-o", ckpts / "step_0000099.pt"], ["the run's own", "averaged.pt"]),
         (["average", "--last", "2", "--run", run, ckpts / "best.pt", "-o", out], ["either checkpoints or --last"]),
         (["average", "--last", "2", "--run", tmp_path / "nope", "-o", out], ["nope", "not a run directory"]),
         (["average", ckpts / "best.pt", ckpts / "last.pt", "--run", run, "-o", out], ["--run goes with --last"]),
@@ -769,6 +770,23 @@ def test_a_trained_run_prepared_again_keeps_its_vocabulary(cli, run_copy):
     assert (copy / "spm.model").read_bytes() == vocabulary
 
 
+def test_resume_from_another_directory_is_refused_not_a_new_run(cli, trained_run, tmp_path, monkeypatch):
+    """A run's config.yaml names its run_dir relative to where it was trained: --resume from elsewhere
+    would start another run from step 0 (the run's directory and name on the command line: as asked)."""
+    run, _ = trained_run
+    home = tmp_path / "project" / "runs" / run.name
+    shutil.copytree(run, home)
+    config = home / "config.yaml"
+    config.write_text(config.read_text().replace(f"run_dir: {run.parent}", "run_dir: runs"))
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli("train", "--config", config, "--resume")
+    assert_one_error(code, err, "cannot resume", home, f"--set run_dir={home.parent} --set name={run.name}")
+    assert not (tmp_path / "runs").exists()
+    monkeypatch.chdir(tmp_path / "project")
+    code, _, err = cli("train", "--config", config, "--resume", "--set", "train.max_steps=8")
+    assert code == 0 and "already at train.max_steps=8" in err, err
+
+
 def test_disk_full_while_saving_keeps_the_last_checkpoint(cli, run_copy, monkeypatch):
     copy, options = run_copy
     before, names = snapshot(copy / "checkpoints"), sorted(os.listdir(copy / "checkpoints"))
@@ -784,6 +802,22 @@ def test_disk_full_while_saving_keeps_the_last_checkpoint(cli, run_copy, monkeyp
     assert not changed(before) and sorted(os.listdir(copy / "checkpoints")) == names  # no temporary file left
     monkeypatch.undo()
     assert torch.load(copy / "checkpoints" / "last.pt", weights_only=True)["step"] == 8
+
+
+def test_disk_full_while_logging_says_how_to_go_on(cli, run_copy, monkeypatch):
+    copy, options = run_copy
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(copy / "tb" / "events.out.tfevents.x"))
+
+    monkeypatch.setattr("translate.trainlog.TensorboardLogger.train", full)
+    code, _, err = cli("train", *options, "--set", "train.max_steps=12", "--resume")
+    names = [
+        "events.out.tfevents.x",
+        "the disk is full",
+        f"continue with: translate train --config {copy / 'config.yaml'} --resume",
+    ]
+    assert_one_error(code, err, *names, logs=True)
 
 
 def test_out_of_memory_while_training_names_the_settings(cli, run_copy, monkeypatch):

@@ -137,6 +137,17 @@ def test_repair(output, n, expected, changed):
     assert repair(output, n) == (expected, changed)
 
 
+def test_missing_placeholders_that_touch_in_the_source_touch_again():
+    source, spans = mask("Click <b>%s</b> in the console, then %s %d.")
+    assert source == "Click ⦅0⦆⦅1⦆⦅2⦆ in the console, then ⦅3⦆ ⦅4⦆."
+    fixed, changed = repair("Cliquez dans la console.", len(spans), source)
+    assert changed and fixed == "Cliquez dans la console ⦅0⦆⦅1⦆⦅2⦆ ⦅3⦆ ⦅4⦆."
+    assert unmask(fixed, spans) == "Cliquez dans la console <b>%s</b> %s %d."
+    assert (
+        repair("Cliquez ⦅1⦆ dans la console.", len(spans), source)[0] == "Cliquez ⦅1⦆ dans la console ⦅0⦆ ⦅2⦆ ⦅3⦆ ⦅4⦆."
+    )
+
+
 def test_repair_leaves_each_placeholder_exactly_once():
     rng = random.Random(0)
     for _ in range(200):

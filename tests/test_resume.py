@@ -99,6 +99,8 @@ def test_sigint_saves_says_how_to_resume_and_resumes_identically(tmp_path, unint
     code, err, step = interrupt_after_first_checkpoint(cfg, run, signal.SIGINT)
     assert code == 128 + signal.SIGINT
     assert "--resume" in err and f"step {step}" in err and "Traceback" not in err
+    log = (run / "train.log").read_text().splitlines()  # the log tells what the console told
+    assert f"stopped by SIGINT at step {step}; checkpoint saved. Resume with: " in log[-1]
     resume_and_compare(cfg, run, uninterrupted)
 
 

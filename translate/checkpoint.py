@@ -251,7 +251,9 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
         if (ckpt.get("step") or 0) > (newest.get("step") or 0):
             newest = {k: ckpt[k] for k in ("step", "epoch") if k in ckpt}
         if ckpt["spm_model"] != first["spm_model"] or ckpt["model"].keys() != total.keys():
-            raise UserError(f"{path}: another model or vocabulary than {paths[0]}; only checkpoints of one run average")
+            raise UserError(
+                f"{path}: another model or vocabulary than {paths[0]}; only checkpoints of one model and vocabulary average"
+            )
         here, there = first["config"]["model"], ckpt["config"]["model"]
         if differ := model_differences(here, there):  # those the weights' shapes do not show (n_heads, norm)
             key = differ[0]

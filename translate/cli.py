@@ -24,7 +24,7 @@ try:  # typer >= 0.24 carries its own copy of click and raises its exceptions; n
 except ImportError:
     from click import exceptions as click_errors
 
-from translate.errors import UserError, os_error_line
+from translate.errors import DISK_FULL, UserError, os_error_line
 from translate.options import ServingLimits
 
 app = typer.Typer(
@@ -149,12 +149,38 @@ def _setup_logging(verbose: bool = False) -> None:
     root.handlers[0].setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
+InitFromOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--init-from",
+        help="Start a new run from this checkpoint's weights and vocabulary, with a fresh optimizer "
+        "(domain adaptation; same as train.init_from; prepare: its vocabulary).",
+    ),
+]
+
+
 def _load_cfg(config: Path, overrides: Optional[list[str]]):
     from translate.config import load_config
 
     if config.is_dir():
         config = config / "config.yaml"
     return load_config(config, overrides or [])
+
+
+def _refuse_run_elsewhere(config: Path, cfg) -> None:
+    """--resume with the config.yaml of a run that has trained, whose run_dir and name (not set on the
+    command line) make another, empty run from this directory (run_dir is relative to the working
+    directory): refused, rather than a new run started from step 0."""
+    home = (config if config.is_dir() else config.parent).absolute()
+    if not (home / "checkpoints").is_dir() or home.resolve() == cfg.run_path.resolve():
+        return
+    if (cfg.run_path / "checkpoints" / "last.pt").exists():
+        return
+    raise UserError(
+        f"cannot resume: {home} is the run of this config, but run_dir and name ({cfg.run_dir}, {cfg.name}) make "
+        f"{cfg.run_path} from here: run it from the directory it was trained in, or add --set run_dir={home.parent} "
+        f"--set name={home.name}"
+    )
 
 
 class _LogFile(logging.FileHandler):
@@ -220,12 +246,13 @@ def prepare(
     config: ConfigOpt,
     set_: SetOpt = None,
     force: Annotated[bool, flag("--force", help="Rebuild even if the prepared data matches the config.")] = False,
+    init_from: InitFromOpt = None,
 ) -> None:
     """Fetch, clean and split the corpus, train SentencePiece, encode every split to ids."""
     from translate.prepare import prepare as run_prepare
     from translate.rundir import RunLock, check_run_layout, prepare_config
 
-    cfg = _load_cfg(config, set_)
+    cfg = _load_cfg(config, [*(set_ or []), *([f"train.init_from={init_from}"] if init_from else [])])
     _log_to_file(cfg.run_path / "prepare.log")
     lock = RunLock(cfg.run_path)  # a training of this run reads the data that preparing would replace
     check_run_layout(cfg.run_path)
@@ -278,14 +305,7 @@ def train(
     resume: Annotated[
         bool, flag("--resume", help="Continue the run from its checkpoints/last.pt (none yet: start it).")
     ] = False,
-    init_from: Annotated[
-        Optional[Path],
-        typer.Option(
-            "--init-from",
-            help="Start a new run from this checkpoint's weights and vocabulary, with a fresh optimizer "
-            "(domain adaptation; same as train.init_from).",
-        ),
-    ] = None,
+    init_from: InitFromOpt = None,
 ) -> None:
     """Train a Transformer (prepares the data first if needed). TensorBoard logs in RUN_DIR/NAME/tb."""
     cache = onednn_primitive_cache()  # process-wide, before torch builds its first oneDNN primitive
@@ -296,6 +316,8 @@ def train(
     from translate.train import train as run_train
 
     cfg = _load_cfg(config, [*(set_ or []), *([f"train.init_from={init_from}"] if init_from else [])])
+    if resume and not any(o.replace(" ", "").startswith(("run_dir=", "name=")) for o in set_ or []):
+        _refuse_run_elsewhere(config, cfg)
     world = World.from_env()
     device = resolve_device(cfg.train.device, "train.device", world.local_rank)
     choose_amp(cfg.train.amp, device)  # a precision the machine cannot run is refused before anything is written
@@ -304,7 +326,16 @@ def train(
     if world.main:
         _log_to_file(cfg.run_path / "train.log")
         log.debug(f"oneDNN primitive cache {cache}")  # train.log only: the console keeps to the run
-    metrics = run_train(cfg, resume=resume)
+    try:
+        metrics = run_train(cfg, resume=resume)
+    except OSError as e:  # a full disk where no checkpoint was being saved (TensorBoard's events, the data)
+        if e.errno not in DISK_FULL:
+            raise
+        config_file = cfg.run_path / "config.yaml"
+        then = (
+            f"continue with: translate train --config {config_file} --resume" if config_file.is_file() else "run again"
+        )
+        raise UserError(os_error_line(e, then)) from None
     if metrics and world.main:
         typer.echo(f"last validation: {json.dumps({k: round(v, 3) for k, v in metrics.items()})}")
         typer.echo(f"checkpoints in {cfg.run_path / 'checkpoints'}")
@@ -486,7 +517,7 @@ def average(
     run: Annotated[Optional[Path], typer.Option("--run", help="Run dir (RUN_DIR/NAME) for --last.")] = None,
 ) -> None:
     """Average the weights of several checkpoints (often better than any one of them)."""
-    from translate.checkpoint import atomic_save, average_checkpoints, step_checkpoints
+    from translate.checkpoint import STEP_FILE, atomic_save, average_checkpoints, step_checkpoints
     from translate.textio import check_output_path
 
     if last is not None:
@@ -513,6 +544,11 @@ def average(
         if twin := next((p for p in paths[:i] if p.exists() and later.exists() and p.samefile(later)), None):
             raise UserError(f"{twin} and {later} are the same checkpoint (one file); give distinct ones")
     path = check_output_path(output, "--output", paths)  # before the inputs are read: a mistake costs no time
+    if path.parent.name == "checkpoints" and (path.name in ("best.pt", "last.pt") or STEP_FILE.search(path.name)):
+        raise UserError(
+            f"--output {output}: a checkpoint of the run's own (training and --resume use it); write the average "
+            f"beside it, e.g. {path.parent / 'averaged.pt'}"
+        )
     atomic_save(average_checkpoints(paths), path)
     typer.echo(f"averaged {len(paths)} checkpoints into {output}")
 
@@ -582,7 +618,8 @@ def attention(
     """Translate one sentence and plot its attention as a heatmap over subword pieces.
 
     Cross-attention (output over source) by default; --self encoder|decoder for self-attention;
-    --all-heads for a grid of every head, --head H for one.
+    --all-heads for a grid of every head, --head H for one. The sentence is read as written: spans are
+    not protected (no placeholders), so the pieces are those of its own text.
     """
     from translate.translator import plot_attention
 
@@ -704,6 +741,7 @@ def main() -> None:
     _setup_logging()
     signal.signal(signal.SIGTERM, _terminate)
     threading.excepthook = _thread_failed
+    code = None
     try:
         code = app(standalone_mode=False)  # typer returns 130 after Ctrl-C
     except getattr(click_errors, "NoArgsIsHelpError", ()) as e:
@@ -731,11 +769,10 @@ def main() -> None:
     except Terminated:
         code = 143
     finally:
+        if stopped := {130: "interrupted", 143: "terminated"}.get(code):
+            print(stopped, file=sys.stderr)
+            _to_log_files(stopped)
         _close_log_files()
-    if code == 130:
-        print("interrupted", file=sys.stderr)
-    elif code == 143:
-        print("terminated", file=sys.stderr)
     sys.exit(code or 0)
 
 

@@ -34,14 +34,14 @@ DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 ENVIRONMENT = DISK_FULL | {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR}
 
 
-def os_error_line(error: OSError) -> str | None:
+def os_error_line(error: OSError, then: str = "run again") -> str | None:
     """One line for an OSError that the user's disk or permissions caused (naming the file);
-    None for any other, which is left to show its traceback."""
+    None for any other, which is left to show its traceback. `then`: what to do once space is freed."""
     if error.errno not in ENVIRONMENT:
         return None
     where = f"{error.filename}: " if error.filename else ""
     if error.errno in DISK_FULL:
-        return f"{where}the disk is full ({error.strerror}); free some space and run again"
+        return f"{where}the disk is full ({error.strerror}); free some space and {then}"
     return f"{where}{error.strerror or os.strerror(error.errno)}"
 
 

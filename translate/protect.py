@@ -169,9 +169,10 @@ def unmask(output: str, spans: Sequence[str]) -> str:
     return PLACEHOLDER.sub(lambda m: spans[int(m.group(1))] if int(m.group(1)) < len(spans) else "", output)
 
 
-def repair(output: str, n_spans: int) -> tuple[str, bool]:
+def repair(output: str, n_spans: int, source: str = "") -> tuple[str, bool]:
     """Make each of ⦅0⦆..⦅n-1⦆ appear exactly once in `output`: keep the first of duplicates, drop
-    placeholders of no span, add the missing ones at the end (before the final punctuation).
+    placeholders of no span, add the missing ones at the end (before the final punctuation), those
+    that touch in the masked `source` touching again (`<b>Save</b>`, not `<b> Save </b>`).
     Returns the repaired output and whether anything had to change."""
     seen: set[int] = set()
 
@@ -183,10 +184,13 @@ def repair(output: str, n_spans: int) -> tuple[str, bool]:
         return m.group(0)
 
     text = re.sub(f"( ?){PLACEHOLDER.pattern}", keep, output)
-    missing = [placeholder(i) for i in range(n_spans) if i not in seen]
+    missing = [i for i in range(n_spans) if i not in seen]
     if missing:
         body, end = re.match(r"(.*?)([\s.!?:;…]*)$", text, re.S).groups()
-        text = " ".join([body, *missing]).strip() + end.rstrip()  # no space left at the end
+        added = placeholder(missing[0])
+        for before, i in zip(missing, missing[1:]):
+            added += ("" if placeholder(before) + placeholder(i) in source else " ") + placeholder(i)
+        text = " ".join([body, added]).strip() + end.rstrip()  # no space left at the end
     return text, text != output
 
 
@@ -222,7 +226,7 @@ class Protector:
             return
         for line in lines:
             masked, spans = mask(line, self.classes, self.glossary)
-            self.pending.append(spans)
+            self.pending.append((masked, spans))
             yield masked
 
     def restore(self, translations: Iterable[list[tuple[str, float]]]) -> Iterator[list[tuple[str, float]]]:
@@ -230,11 +234,11 @@ class Protector:
             yield from translations
             return
         for nbest in translations:
-            spans = self.pending.popleft()
+            source, spans = self.pending.popleft()
             self.lines += 1
             out = []
             for k, (text, score) in enumerate(nbest):
-                fixed, changed = repair(text, len(spans))
+                fixed, changed = repair(text, len(spans), source)
                 self.repaired += changed and k == 0
                 out.append((unmask(fixed, spans), score))
             yield out
@@ -263,7 +267,8 @@ def protected(
     def translate(sentences: list[str]) -> list[str]:
         masked = [mask(s, classes, glossary) for s in sentences]
         outputs = translate_batch([m for m, _ in masked]) if masked else []
-        return [unmask(repair(out, len(spans))[0], spans) for out, (_, spans) in zip(outputs, masked, strict=True)]
+        repaired = [repair(out, len(spans), source)[0] for out, (source, spans) in zip(outputs, masked, strict=True)]
+        return [unmask(out, spans) for out, (_, spans) in zip(repaired, masked, strict=True)]
 
     return translate
 

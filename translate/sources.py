@@ -315,7 +315,9 @@ def read_jsonl(path: Path, cfg: DataConfig) -> Iterator[Pair]:
         for key in (src_key, tgt_key):
             if not isinstance(row.get(key), str):
                 problem = "no" if key not in row else "a non-string"
-                raise UserError(f"{path}:{number}: {problem} '{key}' field (data.src_column/tgt_column name others)")
+                raise UserError(
+                    f"{path}:{number}: {problem} '{key}' field (data.src_column and data.tgt_column name the fields to read)"
+                )
             try:
                 row[key].encode("utf-8")
             except UnicodeEncodeError as e:  # json.loads takes "\ud800", which no UTF-8 file can hold

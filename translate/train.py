@@ -31,7 +31,6 @@ import logging
 import os
 import shlex
 import signal
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
@@ -565,10 +564,9 @@ class Trainer:
         if reason == "signal":
             self.close()
             name = signal.Signals(stopper.signum).name if stopper.signum else "signal"
-            if self.main:
-                print(
-                    f"stopped by {name} at step {s.step}; checkpoint saved. Resume with: {self.resume_command()}",
-                    file=sys.stderr,
+            if self.main:  # on the console and in train.log
+                log.warning(
+                    f"stopped by {name} at step {s.step}; checkpoint saved. Resume with: {self.resume_command()}"
                 )
             raise SystemExit(128 + (stopper.signum or signal.SIGINT))
         if self.main:
