@@ -84,6 +84,9 @@ def resume_and_compare(cfg, run, reference):
     steps = [e.step for e in events.Scalars("train/loss")]
     assert steps == list(range(5, STEPS["max_steps"] + 1, 5)), "TensorBoard steps duplicated or missing"
     assert [e.step for e in events.Scalars("valid/bleu")] == [20, 40]
+    logged = EventAccumulator(str(reference / "tb")).Reload()
+    for tag in ("train/loss", "train/grad_norm"):  # the window across the stop sums as if none had been
+        assert [e.value for e in events.Scalars(tag)] == [e.value for e in logged.Scalars(tag)], tag
 
 
 def test_sigkill_then_resume_is_bitwise_identical(tmp_path, uninterrupted):
@@ -184,3 +187,18 @@ def test_a_save_killed_midway_leaves_no_temp_file_and_an_older_checkpoint_resume
     torch.save(old, last)
     run_cli("train", "--config", cfg, "--resume", "--set", "train.max_steps=3")
     assert not stale.exists() and (stale.parent / "step_0000003.pt").is_file()
+
+
+def test_the_window_logged_across_a_stop_sums_as_if_none_had_been(tmp_path):
+    """A run stopped between two log lines (at update 7 of windows of 5) logs at update 10 the sums of
+    updates 6 to 10, as the run never stopped does: the window's sums are in the checkpoint."""
+    steps = dict(log_every=5, save_every=100, eval_every=100, eval_max_sentences=4, threads=1)
+    whole = tiny_config(tmp_path, name="whole", max_steps=10, **steps)
+    run_cli("train", "--config", whole)
+    cut = tiny_config(tmp_path, name="cut", max_steps=7, **steps)
+    run_cli("train", "--config", cut)
+    run_cli("train", "--config", cut, "--set", "train.max_steps=10", "--resume")
+    logged = {name: EventAccumulator(str(tmp_path / "runs" / name / "tb")).Reload() for name in ("whole", "cut")}
+    for tag in ("train/loss", "train/grad_norm"):
+        whole_values, cut_values = ([(e.step, e.value) for e in logged[n].Scalars(tag)] for n in ("whole", "cut"))
+        assert [step for step, _ in cut_values] == [5, 10] and cut_values == whole_values, tag

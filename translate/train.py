@@ -162,7 +162,7 @@ class Trainer:
         self.logger = TensorboardLogger(self.run / "tb", self.main, self.state.step, resume)
         if self.main:
             self._write_header(self.cfg)
-        self.speed = Speedometer(self.device, self.state.skipped)
+        self.speed = Speedometer(self.device, self.state.skipped, self.state.window)
         self.session = (time.perf_counter(), self.state.elapsed, self.state.step)  # when, and how far, it started
         self.metrics: dict[str, float] = {}
         self.closed = False
@@ -475,6 +475,7 @@ class Trainer:
     def save(self, best: bool, metrics: dict[str, float] | None) -> None:
         self.tick()
         self.check_skipped()
+        self.state.window = self.speed.window()
         rng = self._gather_rng()  # a collective: every rank takes part
         if not self.main:
             return

@@ -35,6 +35,7 @@ class TrainState:
     bad_evals: int = 0
     skipped: int = 0
     elapsed: float = 0.0  # seconds of training (updates, validation, checkpoints) over every session
+    window: dict | None = None  # Speedometer's sums since the last log line: a resumed run logs as one never stopped
 
 
 @dataclass
@@ -88,11 +89,23 @@ class Speedometer:
     """Running sums of the updates since the last `read`, and the skipped updates of the run, kept on
     the device: adding an update makes no synchronisation."""
 
-    def __init__(self, device: torch.device, skipped_before: int = 0) -> None:
-        self.sums = torch.zeros(5, dtype=torch.float64, device=device)  # loss, nll, tokens, grad norm, updates
-        self.skipped = torch.tensor([skipped_before, 0], device=device)  # in all, in a row at the end
-        self.skipped_in_window = torch.zeros((), dtype=torch.int64, device=device)
-        self.all_ntokens, self.updates, self.seconds = 0, 0, 0.0
+    def __init__(self, device: torch.device, skipped_before: int = 0, window: dict | None = None) -> None:
+        w = window or {"sums": [0.0] * 5, "skipped": 0, "in_row": 0, "all_ntokens": 0, "updates": 0, "seconds": 0.0}
+        self.sums = torch.tensor(w["sums"], dtype=torch.float64, device=device)  # loss, nll, tokens, grad norm, updates
+        self.skipped = torch.tensor([skipped_before, w["in_row"]], device=device)  # in all, in a row at the end
+        self.skipped_in_window = torch.tensor(w["skipped"], dtype=torch.int64, device=device)
+        self.all_ntokens, self.updates, self.seconds = w["all_ntokens"], w["updates"], w["seconds"]
+
+    def window(self) -> dict:
+        """The sums since the last `read`, as host values (a synchronisation), to go on from (`window=`)."""
+        return {
+            "sums": self.sums.tolist(),
+            "skipped": int(self.skipped_in_window),
+            "in_row": int(self.skipped[1]),
+            "all_ntokens": self.all_ntokens,
+            "updates": self.updates,
+            "seconds": self.seconds,
+        }
 
     def add(self, r: UpdateResult, seconds: float) -> None:
         """Sums of the updates not skipped (a skipped update's NaN stays out of them)."""
