@@ -89,10 +89,13 @@ def test_blank_lines_give_empty_lines(model, tokenizer):
     assert translate(model, tokenizer, []) == []
 
 
-def test_very_long_line_is_truncated_not_fatal(model, tokenizer):
+def test_very_long_line_is_truncated_not_fatal_and_said_once(model, tokenizer, monkeypatch, caplog):
+    monkeypatch.setattr("translate.decoding._warned_cut", False)
     long_line = " ".join(WORDS * 40)  # far beyond max_positions = 32
-    out = translate(model, tokenizer, ["the cat", long_line, "dog"])  # output up to 31 + 3 > 32 positions
-    assert len(out) == 3 and all(len(hyps) == 1 for hyps in out)
+    out = translate(model, tokenizer, ["the cat", long_line, "dog", long_line])  # output up to 31 + 3 > 32 positions
+    assert len(out) == 4 and all(len(hyps) == 1 for hyps in out)
+    cut = [r.getMessage() for r in caplog.records if "is cut to the model's 31" in r.getMessage()]
+    assert len(cut) == 1 and "its end is not translated" in cut[0]
 
 
 def test_line_count_and_nbest_kept(model, tokenizer):

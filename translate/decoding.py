@@ -12,6 +12,7 @@ the engine's settings; the trainer's validation still calls it directly, with th
 from __future__ import annotations
 
 import itertools
+import logging
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -30,6 +31,8 @@ from translate.protect import Protector, Terms
 from translate.search import Hypothesis, beam_search
 from translate.textio import Translation
 from translate.tokenizer import EOS, PAD, Tokenizer
+
+log = logging.getLogger("translate")
 
 Progress = Callable[[int], object]  # called with the number of lines just done
 
@@ -184,12 +187,24 @@ def max_source_pieces(models: Sequence[Transformer]) -> int:
     return min(m.cfg.max_positions for m in models) - 1
 
 
+_warned_cut = False  # once per process
+
+
 def encode_sources(tokenizer: Tokenizer, lines: list[str], max_pieces: int) -> list[list[int] | None]:
-    """Each line's source ids (pieces cut to max_pieces, + EOS); None for a blank line."""
+    """Each line's source ids (pieces cut to max_pieces, + EOS); None for a blank line. The first
+    line cut is logged (a warning), once per process."""
+    global _warned_cut
     texts = [line.strip() for line in lines]
     todo = [i for i, text in enumerate(texts) if text]
     sources: list[list[int] | None] = [None] * len(lines)
     for i, pieces in zip(todo, tokenizer.encode([texts[i] for i in todo]) if todo else [], strict=True):
+        if len(pieces) > max_pieces and not _warned_cut:
+            _warned_cut = True
+            log.warning(
+                f"a sentence of {len(pieces)} pieces is cut to the model's {max_pieces}: its end is not translated "
+                "(decode splits long lines into sentences and parts that fit unless --no-split, --nbest or --scores; "
+                "this warning comes once)"
+            )
         sources[i] = pieces[:max_pieces] + [EOS]
     return sources
 
