@@ -249,7 +249,7 @@ def test_data_mistakes(cli, files, case):
     options = [x for s in sets for x in ("--set", s.format(d=files.dir))]
     assert_one_error(*cli("prepare", "--config", files.config, *options)[::2], *names, logs=True)
     assert not changed(before)
-    assert not (files.dir / "runs" / "e2e" / "data" / "meta.json").exists()  # never taken for prepared data
+    assert not (files.dir / "runs" / "e2e" / "data").exists()  # nothing half made, nothing taken for prepared data
 
 
 def test_a_failed_prepare_leaves_the_data_that_was_there(cli, files, monkeypatch):

@@ -444,6 +444,7 @@ def prepare(cfg: Config, force: bool = False) -> Path:
         return data_dir
     stage = data_dir / ".partial"
     shutil.rmtree(stage, ignore_errors=True)  # what a prepare killed midway left
+    new_dir = not data_dir.exists()
     stage.mkdir(parents=True)
     try:
         tok, stats = _build(cfg, stage)
@@ -457,6 +458,8 @@ def prepare(cfg: Config, force: bool = False) -> Path:
             f.write(json.dumps({**meta, "splits": stats}, indent=2))
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+        if new_dir and not any(data_dir.iterdir()):  # a first prepare that failed leaves no empty data dir
+            data_dir.rmdir()
     for split, s in stats.items():
         log.info(f"{split}: {s['pairs']:,} pairs, {s['src_tokens']:,} source and {s['tgt_tokens']:,} target pieces")
     return data_dir
