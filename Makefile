@@ -49,12 +49,13 @@ format: install
 	$(BIN)/ruff format translate tests scripts
 	$(BIN)/ruff check --fix translate tests scripts
 
-bench: install  ## training and decoding benchmarks (see docs/performance.md)
+bench: install  ## training and decoding benchmarks (see docs/performance.md); decoding needs runs/bible/checkpoints/best.pt (make train)
+	test -f runs/bible/checkpoints/best.pt || { echo "make bench: the decoding benchmark needs runs/bible/checkpoints/best.pt: make train first" >&2; exit 2; }
 	$(BIN)/python scripts/bench_train.py --vs-reference
 	$(BIN)/python scripts/bench_decode.py --vs-nocache
 
 tensorboard: install  ## TensorBoard on every run
 	$(BIN)/tensorboard --logdir runs/
 
-clean:
+clean:  ## remove the virtualenv (.venv: the next make installs again) and tool caches; runs/ stays
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

@@ -74,7 +74,12 @@ from translate.tokenizer import BOS, EOS, PAD, UNK
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("checkpoint", nargs="?", default="runs/bible/checkpoints/best.pt")
+    p.add_argument(
+        "checkpoint",
+        nargs="?",
+        default="runs/bible/checkpoints/best.pt",
+        help="default: runs/bible/checkpoints/best.pt",
+    )
     p.add_argument("--src", help="English source file (default: RUN/data/test.en of the checkpoint's run)")
     p.add_argument("--sentences", type=count, default=500, help="first N non-blank lines")
     p.add_argument("--batch-sentences", type=int, default=64, help="sentences per batch; 0 = a token budget")

@@ -32,10 +32,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=None, help="sentence budget in pieces (default: positions)")
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
+    if args.limit is not None and args.limit < 1 or args.group < 1:
+        parser.error("--limit and --group must be at least 1")
 
     sources, references = read_all_lines(args.src, "source"), read_all_lines(args.ref, "reference")
     n = len(sources) // args.group * args.group
-    if args.limit:
+    if args.limit is not None:
         n = min(n, args.limit * args.group)
     models, tokenizer, cfg = load_models([args.checkpoint], resolve_device(args.device))
     search = cfg.decode.search_options({}, 1, beam_size=args.beam)

@@ -51,7 +51,12 @@ from translate.pool import ProcessEngine, resolve_spec
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("checkpoint", nargs="?", default="runs/bible/checkpoints/best.pt")
+    p.add_argument(
+        "checkpoint",
+        nargs="?",
+        default="runs/bible/checkpoints/best.pt",
+        help="default: runs/bible/checkpoints/best.pt",
+    )
     p.add_argument("--src", help="English source file (default: RUN/data/test.en of the checkpoint's run)")
     p.add_argument("--sentences", type=count, default=200, help="first N non-blank lines")
     p.add_argument("--clients", type=counts, default="1,4,16", help="comma-separated numbers of concurrent clients")

@@ -16,14 +16,22 @@ import sqlite3
 from pathlib import Path
 
 from translate.config import DataConfig
+from translate.errors import UserError, run_script
 from translate.sources import bible_pairs, fetch_bible_db
 
 
 def book_numbers(spec: str) -> set[int]:
+    """Book numbers (1 Genesis ... 66 Revelation) of a list like 45-49,51-58."""
     books: set[int] = set()
     for part in spec.split(","):
         first, _, last = part.partition("-")
-        books.update(range(int(first), int(last or first) + 1))
+        try:
+            numbers = range(int(first), int(last or first) + 1)
+        except ValueError:
+            raise UserError(f"--books: {part!r} is not a book number or a range like 45-49") from None
+        if not numbers or not 1 <= numbers[0] <= numbers[-1] <= 66:
+            raise UserError(f"--books: {part!r} is not within the books 1 to 66, first to last")
+        books.update(numbers)
     return books
 
 
@@ -33,9 +41,12 @@ def main() -> None:
     parser.add_argument("--en", default="4", help="English translation code (4 WEB, k KJV, 3 BBE)")
     parser.add_argument("--fr", default="l", help="French translation code (l Louis Segond, 5 Darby)")
     parser.add_argument("--books", default="1-66", help="book numbers, e.g. 45-49,51-58")
+    parser.add_argument("--db", type=Path, help="a bible.db to read (as data.bible_db); default: the one fetched")
     args = parser.parse_args()
-    db = fetch_bible_db(Path(DataConfig().cache_dir).expanduser())
     books = book_numbers(args.books)
+    db = args.db or fetch_bible_db(Path(DataConfig().cache_dir).expanduser())
+    if not db.is_file():
+        raise UserError(f"--db: file not found: {db}")
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     pairs = [pair for book, pair in bible_pairs(con, args.en, args.fr, db) if book in books]
     con.close()
@@ -46,4 +57,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

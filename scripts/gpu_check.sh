@@ -23,13 +23,14 @@
 # ($GPU_CHECK_BUDGET seconds, default 480): each step's time cap is its own or what is left,
 # whichever is less, and a step with under 20 s left is skipped: give the whole script a minute
 # more than the budget wherever its time is limited.
-# The summary lands in $GPU_CHECK_OUT/summary.txt (default gpu_check/), each step's whole log
-# beside it; the synthetic data and the scratch runs in $GPU_CHECK_WORK (default /tmp/gpu_check;
+# The summary lands in $GPU_CHECK_OUT/summary.txt (default gpu_check/): the GPU, torch, the config, each
+# step's last lines and exit (a step stopped at its time cap says so), then the steps that failed; each
+# step's whole log beside it; the synthetic data and the scratch runs in $GPU_CHECK_WORK (default /tmp/gpu_check;
 # its runs are removed first, so that a second run measures afresh).
 # To try the script's flow on a CPU (every figure meaningless, the cuda tests skipped, so failed):
 #   GPU_CHECK_CPU=1 GPU_CHECK_CONFIG=configs/tiny.yaml GPU_CHECK_SENTENCES=20000 bash scripts/gpu_check.sh
 set -uo pipefail
-PY=${PYTHON:-python3}
+PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}  # the project's venv where there is one
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the package from this checkout, installed or not
 export PYTHONUNBUFFERED=1
 SUMMARY_DIR=${GPU_CHECK_OUT:-gpu_check}
@@ -49,13 +50,19 @@ capped() {  # capped SECONDS COMMAND...: the command under the lesser of SECONDS
 preflight() {
     capped 60 $PY - <<'PY'
 import os, sys
-import torch
+try:
+    import torch
+except ImportError:
+    sys.exit(f"cannot import torch ({sys.executable}): install the project, or set PYTHON")
 cpu = os.environ.get("GPU_CHECK_CPU") == "1"
 if not cpu and not torch.cuda.is_available():
     sys.exit(f"no usable CUDA device (torch {torch.__version__}, CUDA {torch.version.cuda})")
-for module in ("sentencepiece", "sacrebleu", "typer", "tqdm", "yaml", "numpy", "matplotlib", "tensorboard", "pytest"):
-    __import__(module)
-import translate.cli, translate.train  # noqa: E401,F401  everything the steps import
+try:
+    for module in ("sentencepiece", "sacrebleu", "typer", "tqdm", "yaml", "numpy", "matplotlib", "tensorboard", "pytest"):
+        __import__(module)
+    import translate.cli, translate.train  # noqa: E401,F401  everything the steps import
+except ImportError as e:
+    sys.exit(f"cannot import {e.name} ({sys.executable}): install the project, or set PYTHON")
 if not cpu:
     torch.ones(1, device="cuda").sum().item()
     print("CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version(), torch.cuda.get_device_name(0))
@@ -110,22 +117,30 @@ mkdir -p "$SUMMARY_DIR" "$WORK"
 rm -rf "$WORK/runs"
 : >"$SUMMARY_DIR/summary.txt"
 {
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1
-    $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" 2>&1
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1
+    else
+        echo "no nvidia-smi on this machine"
+    fi
+    $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" 2>&1 | tail -n 1
+    echo "config ${GPU_CHECK_CONFIG:-configs/wmt14_base.yaml}, ${GPU_CHECK_SENTENCES:-300000} synthetic sentences, budget ${GPU_CHECK_BUDGET:-480} s"
 } | tee -a "$SUMMARY_DIR/summary.txt"
 status=0
+failed=()
 for step in "${steps[@]}"; do
     echo "== $step" | tee -a "$SUMMARY_DIR/summary.txt"
     start=$(date +%s)
     $step >"$SUMMARY_DIR/$step.log" 2>&1
     code=$?
-    [ $code -eq 0 ] || status=1
+    [ $code -eq 0 ] || { status=1; failed+=("$step"); }
     # the step's closing lines: test counts, or the benchmark's table (of a progress bar, its last state)
     sed 's/.*\r//' "$SUMMARY_DIR/$step.log" | grep -v "Warning\|warn(" | tail -n 14 | tee -a "$SUMMARY_DIR/summary.txt"
-    echo "-- exit $code, $(($(date +%s) - start)) s" | tee -a "$SUMMARY_DIR/summary.txt"
+    why=$([ $code -eq 124 ] || [ $code -eq 137 ] && echo " (stopped at its time cap)")
+    echo "-- exit $code$why, $(($(date +%s) - start)) s" | tee -a "$SUMMARY_DIR/summary.txt"
     if [ "$step" = preflight ] && [ $code -ne 0 ]; then
         echo "stopped: the preflight failed, no other step can run" | tee -a "$SUMMARY_DIR/summary.txt"
         break
     fi
 done
+echo "== ${#failed[@]} of ${#steps[@]} steps failed${failed:+: ${failed[*]}}" | tee -a "$SUMMARY_DIR/summary.txt"
 exit $status

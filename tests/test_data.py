@@ -419,3 +419,5 @@ def test_the_source_files_recorded_are_those_read(tmp_path, monkeypatch):
         (saved / name).write_text("{}")
     hub = load_config(tiny_config(tmp_path, data={"source": "hub", "dataset": str(saved)}))
     assert sorted(source_files(hub)["dataset"]) == sorted(p for p in saved.rglob("*") if p.is_file())
+    named = load_config(tiny_config(tmp_path, data={"source": "hub", "dataset": "wmt/wmt14"}))
+    assert source_files(named)["dataset"] == []  # a hub name: its key, no file (as the fingerprints before)

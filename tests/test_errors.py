@@ -343,6 +343,9 @@ def test_average_mistakes(cli, trained_run, broken, tmp_path):
     for args, names in cases:
         assert_one_error(*cli(*args)[::2], *names)
     assert not changed(before) and not out.exists()
+    elsewhere = tmp_path / "checkpoints" / "avg_of_step_8.pt"  # not a run's directory, not a step's name
+    elsewhere.parent.mkdir()
+    assert cli("average", step_4, ckpts / "last.pt", "-o", elsewhere)[0] == 0 and elsewhere.is_file()
 
 
 def test_prepare_of_a_trained_run_with_other_settings_is_refused(cli, trained_run, tmp_path):
@@ -706,6 +709,18 @@ def test_resume_after_the_source_files_changed_changes_nothing(cli, run_copy):
     assert not changed(before)
 
 
+def test_a_checkpoint_saved_without_checksums_loads(trained_run, tmp_path):
+    if not hasattr(torch.serialization, "set_crc32_options"):
+        pytest.skip("this torch always writes checksums")
+    ckpt = load_checkpoint(trained_run[0] / "checkpoints" / "last.pt")
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save(ckpt, tmp_path / "nocrc.pt")
+    finally:
+        torch.serialization.set_crc32_options(True)
+    assert load_checkpoint(tmp_path / "nocrc.pt")["step"] == ckpt["step"]
+
+
 def test_resume_from_a_damaged_last_checkpoint_names_the_one_before(cli, run_copy):
     copy, options = run_copy
     last, earlier = copy / "checkpoints" / "last.pt", copy / "checkpoints" / "step_0000008.pt"
@@ -784,6 +799,12 @@ def test_resume_from_another_directory_is_refused_not_a_new_run(cli, trained_run
     assert not (tmp_path / "runs").exists()
     monkeypatch.chdir(tmp_path / "project")
     code, _, err = cli("train", "--config", config, "--resume", "--set", "train.max_steps=8")
+    assert code == 0 and "already at train.max_steps=8" in err, err
+    mine = tmp_path / "mine"  # a config of one's own beside a folder of checkpoints is no run
+    (mine / "checkpoints").mkdir(parents=True)
+    os.link(home / "checkpoints" / "last.pt", mine / "checkpoints" / "step_0000001.pt")
+    shutil.copy(config, mine / "my.yaml")
+    code, _, err = cli("train", "--config", mine / "my.yaml", "--resume", "--set", "train.max_steps=8")
     assert code == 0 and "already at train.max_steps=8" in err, err
 
 

@@ -3,6 +3,7 @@
 import logging
 import sqlite3
 import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -288,3 +289,20 @@ def test_hub_unreachable_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sources, "hub_reachable", lambda endpoint: False)
     with pytest.raises(UserError, match="cannot reach the Hugging Face Hub .*data.source: bible or files"):
         hub(Path("wmt/wmt14"), subset="fr-en")
+
+
+def test_bible_corpus_script_refuses_what_the_source_refuses(bible_db: str) -> None:
+    """scripts/bible_corpus.py reads the db through bible_pairs, which refuses the same translations."""
+    script = Path(__file__).parent.parent / "scripts" / "bible_corpus.py"
+    for args, line in [
+        (["--en", "2"], "error: data.bible_en: translation '2' is not used because the King James 2000 is copyrighted"),
+        (["--books", "70"], "error: --books: '70' is not within the books 1 to 66"),
+        (["--books", "x"], "error: --books: 'x' is not a book number"),
+    ]:
+        out = subprocess.run(
+            [sys.executable, str(script), str(Path(bible_db).with_name("corpus")), "--db", bible_db, *args],
+            capture_output=True,
+            text=True,
+        )
+        assert out.returncode == 2 and out.stderr.strip().startswith(line), out.stderr
+    assert not Path(bible_db).with_name("corpus.en").exists()

@@ -87,5 +87,9 @@ def init_vocabulary(cfg: Config) -> bytes | None:
 
 
 def vocabulary_hash(cfg: Config) -> str | None:
-    model = init_vocabulary(cfg)
+    """A hash of init_vocabulary's model, for the data's fingerprint: in a run that has trained, of its
+    spm.model where there is one (read at every check of the data, without loading a checkpoint)."""
+    own = cfg.run_path / "spm.model"
+    trained = newest_checkpoint(cfg.run_path / "checkpoints") is not None
+    model = own.read_bytes() if trained and own.is_file() else init_vocabulary(cfg)
     return hashlib.sha256(model).hexdigest()[:16] if model is not None else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -169,12 +170,14 @@ def _load_cfg(config: Path, overrides: Optional[list[str]]):
 
 def _refuse_run_elsewhere(config: Path, cfg) -> None:
     """--resume with the config.yaml of a run that has trained, whose run_dir and name (not set on the
-    command line) make another, empty run from this directory (run_dir is relative to the working
-    directory): refused, rather than a new run started from step 0."""
-    home = (config if config.is_dir() else config.parent).absolute()
-    if not (home / "checkpoints").is_dir() or home.resolve() == cfg.run_path.resolve():
+    command line) make another run from this directory (run_dir is relative to the working directory,
+    or the run was copied): refused, rather than a new run from step 0 or another run resumed."""
+    from translate.checkpoint import newest_checkpoint
+
+    if not config.is_dir() and config.name != "config.yaml":  # not a run's own config
         return
-    if (cfg.run_path / "checkpoints" / "last.pt").exists():
+    home = (config if config.is_dir() else config.parent).absolute()
+    if newest_checkpoint(home / "checkpoints") is None or home.resolve() == cfg.run_path.resolve():
         return
     raise UserError(
         f"cannot resume: {home} is the run of this config, but run_dir and name ({cfg.run_dir}, {cfg.name}) make "
@@ -517,7 +520,7 @@ def average(
     run: Annotated[Optional[Path], typer.Option("--run", help="Run dir (RUN_DIR/NAME) for --last.")] = None,
 ) -> None:
     """Average the weights of several checkpoints (often better than any one of them)."""
-    from translate.checkpoint import STEP_FILE, atomic_save, average_checkpoints, step_checkpoints
+    from translate.checkpoint import atomic_save, average_checkpoints, step_checkpoints
     from translate.textio import check_output_path
 
     if last is not None:
@@ -544,7 +547,8 @@ def average(
         if twin := next((p for p in paths[:i] if p.exists() and later.exists() and p.samefile(later)), None):
             raise UserError(f"{twin} and {later} are the same checkpoint (one file); give distinct ones")
     path = check_output_path(output, "--output", paths)  # before the inputs are read: a mistake costs no time
-    if path.parent.name == "checkpoints" and (path.name in ("best.pt", "last.pt") or STEP_FILE.search(path.name)):
+    own = path.name in ("best.pt", "last.pt") or re.fullmatch(r"step_\d+\.pt", path.name)
+    if own and path.parent.name == "checkpoints" and (path.parent.parent / "config.yaml").is_file():  # a run's
         raise UserError(
             f"--output {output}: a checkpoint of the run's own (training and --resume use it); write the average "
             f"beside it, e.g. {path.parent / 'averaged.pt'}"

@@ -13,8 +13,8 @@ from translate.errors import UserError
 def score(hypotheses: list[str], references: list[str], *more: list[str]) -> dict[str, Any]:
     """Detokenized hypotheses against raw references, one each (13a tokenization, mixed case); `more`:
     further references of the same sentences (multi-reference BLEU and chrF, `nrefs:N` in the signatures)."""
-    if any(len(hypotheses) != len(refs) for refs in (references, *more)):
-        raise UserError(f"{len(hypotheses)} hypotheses but {len(references)} references: line counts must match")
+    if (other := next((refs for refs in (references, *more) if len(refs) != len(hypotheses)), None)) is not None:
+        raise UserError(f"{len(hypotheses)} hypotheses but {len(other)} references: line counts must match")
     if not references:
         raise UserError("no sentences to score: the references are empty")
     bleu, chrf = BLEU(), CHRF()

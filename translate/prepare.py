@@ -174,16 +174,17 @@ def source_files(cfg: Config) -> dict[str, list[Path]]:
     PREFIX.<src_lang> and PREFIX.<tgt_lang> (or the .tsv / .jsonl file), every file of a local
     data.dataset directory, data.bible_db. Paths as the config gives them, `~` expanded."""
     d, found = cfg.data, {}
-    for key in ("train", "valid", "test"):
-        if value := getattr(d, key):
-            path = Path(value).expanduser()
-            single = path.suffix.lower() in (".tsv", ".jsonl")
-            files = [path] if single else [Path(f"{path}.{lang}") for lang in dict.fromkeys((d.src_lang, d.tgt_lang))]
-            found[key] = [p for p in files if p.is_file()]
-    if d.dataset and (local := Path(d.dataset).expanduser()).is_dir():  # a hub name reads the hub's cache
-        found["dataset"] = [p for p in local.rglob("*") if p.is_file()]
-    if d.bible_db and (db := Path(d.bible_db).expanduser()).is_file():
-        found["bible_db"] = [db]
+    for key in ("train", "valid", "test", "dataset", "bible_db"):  # each key given, its list empty where none is
+        if not (value := getattr(d, key)):
+            continue
+        path = Path(value).expanduser()
+        if key == "dataset":  # a local directory; a hub name reads the hub's cache
+            files = list(path.rglob("*")) if path.is_dir() else []
+        elif key == "bible_db" or path.suffix.lower() in (".tsv", ".jsonl"):
+            files = [path]
+        else:
+            files = [Path(f"{path}.{lang}") for lang in dict.fromkeys((d.src_lang, d.tgt_lang))]
+        found[key] = [p for p in files if p.is_file()]
     return found
 
 
@@ -439,11 +440,11 @@ def prepare(cfg: Config, force: bool = False) -> Path:
     Everything is built in RUN/data/.partial and moved into place only when whole, so that a
     prepare that fails (a bad line in a source, a full disk, Ctrl-C) leaves the data that was there."""
     run, data_dir = cfg.run_path, cfg.run_path / "data"
+    stage = data_dir / ".partial"
+    shutil.rmtree(stage, ignore_errors=True)  # what a prepare killed midway left
     if not force and is_prepared(cfg):
         log.info(f"{data_dir}: already prepared for this config, nothing to do")
         return data_dir
-    stage = data_dir / ".partial"
-    shutil.rmtree(stage, ignore_errors=True)  # what a prepare killed midway left
     new_dir = not data_dir.exists()
     stage.mkdir(parents=True)
     try:

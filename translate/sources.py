@@ -82,9 +82,7 @@ def bible_source(cfg: DataConfig) -> dict[str, Iterable[Pair] | None]:
     """Verse-aligned English-French Bible pairs, cleaned, split by book (see data/README.md)."""
     if not cfg.bible_en:
         raise UserError("data.bible_en is empty; give at least one English translation, e.g. ['4']")
-    for key, code in [("data.bible_fr", cfg.bible_fr)] + [("data.bible_en", c) for c in cfg.bible_en]:
-        if code in REFUSED:
-            raise UserError(f"{key}: translation '{code}' is not used because {REFUSED[code]}")
+    refuse_licences(cfg.bible_en, cfg.bible_fr)  # before anything is fetched
     db = Path(cfg.bible_db).expanduser() if cfg.bible_db else fetch_bible_db(Path(cfg.cache_dir).expanduser())
     if not db.is_file():
         raise UserError(f"data.bible_db: file not found: {db}")
@@ -106,8 +104,16 @@ def bible_source(cfg: DataConfig) -> dict[str, Iterable[Pair] | None]:
     return dict(splits)
 
 
+def refuse_licences(en: Iterable[str], fr: str) -> None:
+    """A UserError for a translation whose licence does not allow its use (REFUSED)."""
+    for key, code in [("data.bible_fr", fr)] + [("data.bible_en", c) for c in en]:
+        if code in REFUSED:
+            raise UserError(f"{key}: translation '{code}' is not used because {REFUSED[code]}")
+
+
 def bible_pairs(con: sqlite3.Connection, en: str, fr: str, db: Path) -> list[tuple[int, Pair]]:
     """(book number, cleaned pair) for every kept verse of English `en` joined with French `fr`."""
+    refuse_licences([en], fr)
     for code, key in ((en, "data.bible_en"), (fr, "data.bible_fr")):
         if con.execute("SELECT 1 FROM bible WHERE bbName = ? LIMIT 1", (code,)).fetchone() is None:
             names = [r[0] for r in con.execute("SELECT DISTINCT bbName FROM bible ORDER BY bbName")]

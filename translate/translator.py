@@ -277,7 +277,13 @@ def _more_references(path: Path, first: Path, references: list[str]) -> list[str
         raise UserError(f"--ref {path} is given twice; each --ref is another reference of the same sentences")
     lines = read_all_lines(path, "reference")
     check_same_length(path, lines, first, references)
+    refuse_blank_references(path, lines)
     return lines
+
+
+def refuse_blank_references(path: Path, references: list[str]) -> None:
+    if not any(line.strip() for line in references):
+        raise UserError(f"reference file {path} has only blank lines: nothing to score against")
 
 
 def _evaluation_inputs(
@@ -286,8 +292,7 @@ def _evaluation_inputs(
     """The references, sources, hypotheses (None: to translate) and second hypotheses, read and
     checked: as many lines each, and either --hyp or a checkpoint with --src."""
     references = read_all_lines(ref, "reference")
-    if not any(line.strip() for line in references):
-        raise UserError(f"reference file {ref} has only blank lines: nothing to score against")
+    refuse_blank_references(ref, references)
 
     def read_matching(path: Path | None, what: str) -> list[str] | None:
         if path is None:
