@@ -395,7 +395,7 @@ def test_the_source_files_recorded_are_those_read(tmp_path, monkeypatch):
     """meta.json's sources (whose change refuses a resume, and prepares again) are exactly the files the
     sources open: PREFIX.<lang> under a `~` or glob characters, not the files beside them; every file of
     a local dataset directory."""
-    from translate.prepare import changed_sources, is_prepared, source_files
+    from translate.prepare import changed_sources, is_prepared, source_files, source_sizes
 
     monkeypatch.setenv("HOME", str(tmp_path))
     corpus = tmp_path / "c[1]"
@@ -417,7 +417,13 @@ def test_the_source_files_recorded_are_those_read(tmp_path, monkeypatch):
     (saved / "train").mkdir(parents=True)
     for name in ("dataset_dict.json", "train/data-00000-of-00001.arrow", "train/state.json"):
         (saved / name).write_text("{}")
-    hub = load_config(tiny_config(tmp_path, data={"source": "hub", "dataset": str(saved)}))
+    hub = load_config(tiny_config(tmp_path, name="hub", data={"source": "hub", "dataset": str(saved)}))
     assert sorted(source_files(hub)["dataset"]) == sorted(p for p in saved.rglob("*") if p.is_file())
+    meta = hub.run_path / "data" / "meta.json"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(json.dumps({"sources": source_sizes(hub), "sources_exact": True}))
+    assert changed_sources(hub) == []
+    (saved / "train" / "data-00001-of-00002.arrow").write_text("{}")  # a file more since: other data
+    assert changed_sources(hub) == [str(saved / "train" / "data-00001-of-00002.arrow")]
     named = load_config(tiny_config(tmp_path, data={"source": "hub", "dataset": "wmt/wmt14"}))
     assert source_files(named)["dataset"] == []  # a hub name: its key, no file (as the fingerprints before)

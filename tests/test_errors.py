@@ -705,7 +705,7 @@ def test_resume_after_the_source_files_changed_changes_nothing(cli, run_copy):
     meta_path.write_text(json.dumps(meta))
     before = snapshot(copy / "checkpoints", copy / "data", copy / "spm.model", copy / "config.yaml")
     code, _, err = cli("train", *options, "--resume")
-    assert_one_error(code, err, "cannot resume", source, "gone or changed", "--set name=")
+    assert_one_error(code, err, "cannot resume", source, "gone, new or changed", "--set name=")
     assert not changed(before)
 
 
@@ -765,7 +765,7 @@ def test_prepare_after_the_source_files_changed_changes_nothing(cli, run_copy):
     meta_path.write_text(json.dumps(meta))
     before = snapshot(copy / "checkpoints", copy / "data", copy / "spm.model")
     code, _, err = cli("prepare", *[o for o in options if o != "--resume"])
-    assert_one_error(code, err, "cannot prepare", source, "gone or changed", "--set name=")
+    assert_one_error(code, err, "cannot prepare", source, "gone, new or changed", "--set name=")
     assert not changed(before)
 
 

@@ -194,12 +194,17 @@ def source_sizes(cfg: Config) -> dict[str, int]:
 
 
 def changed_sources(cfg: Config) -> list[str]:
-    """The source files that are gone or of another size since the run's data was prepared from them
-    (nothing where the data was prepared by a version that did not record them)."""
-    then = (read_meta(cfg) or {}).get("sources")
+    """The source files that are gone or of another size since the run's data was prepared from them,
+    and those read now that were not then (a file added to a dataset directory; only where meta.json
+    says that its list is of exactly the files read): nothing where a version recorded none."""
+    meta = read_meta(cfg) or {}
+    then = meta.get("sources")
     if then is None:
         return []
-    return sorted(path for path in then if then[path] != _size(Path(path)))
+    changed = {path for path in then if then[path] != _size(Path(path))}
+    if meta.get("sources_exact"):
+        changed |= set(source_sizes(cfg)) - set(then)
+    return sorted(changed)
 
 
 def _size(path: Path) -> int | None:
@@ -449,7 +454,8 @@ def prepare(cfg: Config, force: bool = False) -> Path:
     stage.mkdir(parents=True)
     try:
         tok, stats = _build(cfg, stage)
-        meta = {"fingerprint": fingerprint(cfg), "sources": source_sizes(cfg), "vocab_size": tok.vocab_size}
+        meta = {"fingerprint": fingerprint(cfg), "sources": source_sizes(cfg), "sources_exact": True}
+        meta["vocab_size"] = tok.vocab_size
         meta_path = data_dir / "meta.json"
         meta_path.unlink(missing_ok=True)  # from here the old data is no longer whole: never taken for prepared
         for path in stage.iterdir():

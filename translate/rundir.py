@@ -70,10 +70,10 @@ def check_run_dir(cfg: Config, resume: bool, saved: dict[str, Any] | None = None
 
 
 def refuse_changed_sources(cfg: Config, doing: str) -> None:
-    """A UserError where a source file of the run's prepared data is gone or changed in size since."""
+    """A UserError where a source file of the run's prepared data is gone, new or of another size since."""
     if changed := changed_sources(cfg):
         raise UserError(
-            f"cannot {doing}: {changed[0]} is gone or changed since {cfg.run_path / 'data'} was prepared from it"
+            f"cannot {doing}: {changed[0]} is gone, new or changed since {cfg.run_path / 'data'} was prepared from it"
             f"{f' (and {len(changed) - 1} more)' if len(changed) > 1 else ''}; the checkpoints were trained on "
             "the data as it was: put the files back, or train a new run on them (--set name=...)"
         )
