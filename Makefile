@@ -49,10 +49,11 @@ format: install
 	$(BIN)/ruff format translate tests scripts
 	$(BIN)/ruff check --fix translate tests scripts
 
-bench: install  ## training and decoding benchmarks (see docs/performance.md); decoding needs runs/bible/checkpoints/best.pt (make train)
-	test -f runs/bible/checkpoints/best.pt || { echo "make bench: the decoding benchmark needs runs/bible/checkpoints/best.pt: make train first" >&2; exit 2; }
+bench: install  ## training and decoding benchmarks (see docs/performance.md); decoding needs CONFIG's best.pt (make train)
 	$(BIN)/python scripts/bench_train.py --vs-reference
-	$(BIN)/python scripts/bench_decode.py --vs-nocache
+	ckpt=$$($(BIN)/python scripts/run_dir.py $(CONFIG))/checkpoints/best.pt && \
+		{ test -f $$ckpt || { echo "make bench: the decoding benchmark needs $$ckpt: make train first" >&2; exit 2; }; } && \
+		$(BIN)/python scripts/bench_decode.py $$ckpt --vs-nocache
 
 tensorboard: install  ## TensorBoard on every run
 	$(BIN)/tensorboard --logdir runs/

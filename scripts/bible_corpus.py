@@ -48,8 +48,12 @@ def main() -> None:
     if not db.is_file():
         raise UserError(f"--db: file not found: {db}")
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    pairs = [pair for book, pair in bible_pairs(con, args.en, args.fr, db) if book in books]
-    con.close()
+    try:
+        pairs = [pair for book, pair in bible_pairs(con, args.en, args.fr, db) if book in books]
+    except sqlite3.DatabaseError as e:
+        raise UserError(f"{db}: not a readable bible.db ({e})") from None
+    finally:
+        con.close()
     args.prefix.parent.mkdir(parents=True, exist_ok=True)
     for side, lang in enumerate(("en", "fr")):
         Path(f"{args.prefix}.{lang}").write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")

@@ -43,7 +43,7 @@ capped() {  # capped SECONDS COMMAND...: the command under the lesser of SECONDS
     shift
     if [ "$cap" -lt 20 ]; then
         echo "skipped: ${cap} s left of the budget"
-        return 124
+        return 125
     fi
     timeout -k 10 "$cap" "$@"
 }
@@ -56,7 +56,7 @@ except ImportError:
     sys.exit(f"cannot import torch ({sys.executable}): install the project, or set PYTHON")
 cpu = os.environ.get("GPU_CHECK_CPU") == "1"
 if not cpu and not torch.cuda.is_available():
-    sys.exit(f"no usable CUDA device (torch {torch.__version__}, CUDA {torch.version.cuda})")
+    sys.exit(f"no usable CUDA device (torch {torch.__version__}, CUDA {torch.version.cuda}, {sys.executable})")
 try:
     for module in ("sentencepiece", "sacrebleu", "typer", "tqdm", "yaml", "numpy", "matplotlib", "tensorboard", "pytest"):
         __import__(module)
@@ -135,10 +135,15 @@ for step in "${steps[@]}"; do
     [ $code -eq 0 ] || { status=1; failed+=("$step"); }
     # the step's closing lines: test counts, or the benchmark's table (of a progress bar, its last state)
     sed 's/.*\r//' "$SUMMARY_DIR/$step.log" | grep -v "Warning\|warn(" | tail -n 14 | tee -a "$SUMMARY_DIR/summary.txt"
-    why=$([ $code -eq 124 ] || [ $code -eq 137 ] && echo " (stopped at its time cap)")
+    case $code in
+        124) why=" (stopped at its time cap)" ;;
+        125) why=" (skipped: too little of the budget left)" ;;
+        137) why=" (killed: its time cap's second signal, or memory)" ;;
+        *) why="" ;;
+    esac
     echo "-- exit $code$why, $(($(date +%s) - start)) s" | tee -a "$SUMMARY_DIR/summary.txt"
     if [ "$step" = preflight ] && [ $code -ne 0 ]; then
-        echo "stopped: the preflight failed, no other step can run" | tee -a "$SUMMARY_DIR/summary.txt"
+        echo "stopped: the preflight failed, no other step ran" | tee -a "$SUMMARY_DIR/summary.txt"
         break
     fi
 done

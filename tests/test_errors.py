@@ -343,6 +343,10 @@ def test_average_mistakes(cli, trained_run, broken, tmp_path):
     for args, names in cases:
         assert_one_error(*cli(*args)[::2], *names)
     assert not changed(before) and not out.exists()
+    with pytest.MonkeyPatch.context() as here:  # a bare name in the run's checkpoints is a run's own too
+        here.chdir(ckpts)
+        assert_one_error(*cli("average", "step_0000004.pt", "step_0000008.pt", "-o", "step_9.pt")[::2], "the run's own")
+    assert not changed(before)
     elsewhere = tmp_path / "checkpoints" / "avg_of_step_8.pt"  # not a run's directory, not a step's name
     elsewhere.parent.mkdir()
     assert cli("average", step_4, ckpts / "last.pt", "-o", elsewhere)[0] == 0 and elsewhere.is_file()
@@ -783,6 +787,7 @@ def test_a_trained_run_prepared_again_keeps_its_vocabulary(cli, run_copy):
     code, _, err = cli("prepare", *options[:2], *options[2:4], "--force")
     assert code == 0, err
     assert (copy / "spm.model").read_bytes() == vocabulary
+    assert "nothing to do" in cli("prepare", *options[:2], *options[2:4])[2]  # its fingerprint: of the vocabulary kept
 
 
 def test_resume_from_another_directory_is_refused_not_a_new_run(cli, trained_run, tmp_path, monkeypatch):

@@ -334,11 +334,12 @@ def train(
     except OSError as e:  # a full disk where no checkpoint was being saved (TensorBoard's events, the data)
         if e.errno not in DISK_FULL:
             raise
-        config_file = cfg.run_path / "config.yaml"
-        then = (
-            f"continue with: translate train --config {config_file} --resume" if config_file.is_file() else "run again"
-        )
-        raise UserError(os_error_line(e, then)) from None
+        from translate.train import resume_command
+
+        started = (cfg.run_path / "config.yaml").is_file()
+        raise UserError(
+            os_error_line(e, f"continue with: {resume_command(cfg, world)}" if started else "run again")
+        ) from None
     if metrics and world.main:
         typer.echo(f"last validation: {json.dumps({k: round(v, 3) for k, v in metrics.items()})}")
         typer.echo(f"checkpoints in {cfg.run_path / 'checkpoints'}")
@@ -548,7 +549,8 @@ def average(
             raise UserError(f"{twin} and {later} are the same checkpoint (one file); give distinct ones")
     path = check_output_path(output, "--output", paths)  # before the inputs are read: a mistake costs no time
     own = path.name in ("best.pt", "last.pt") or re.fullmatch(r"step_\d+\.pt", path.name)
-    if own and path.parent.name == "checkpoints" and (path.parent.parent / "config.yaml").is_file():  # a run's
+    where = path.absolute().parent
+    if own and where.name == "checkpoints" and (where.parent / "config.yaml").is_file():  # a run's own
         raise UserError(
             f"--output {output}: a checkpoint of the run's own (training and --resume use it); write the average "
             f"beside it, e.g. {path.parent / 'averaged.pt'}"

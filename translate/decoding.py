@@ -202,8 +202,7 @@ def encode_sources(tokenizer: Tokenizer, lines: list[str], max_pieces: int) -> l
             _warned_cut = True
             log.warning(
                 f"a sentence of {len(pieces)} pieces is cut to the model's {max_pieces}: its end is not translated "
-                "(decode splits long lines into sentences and parts that fit unless --no-split, --nbest or --scores; "
-                "this warning comes once)"
+                "(this warning comes once)"
             )
         sources[i] = pieces[:max_pieces] + [EOS]
     return sources

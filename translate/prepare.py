@@ -454,15 +454,15 @@ def prepare(cfg: Config, force: bool = False) -> Path:
     stage.mkdir(parents=True)
     try:
         tok, stats = _build(cfg, stage)
-        meta = {"fingerprint": fingerprint(cfg), "sources": source_sizes(cfg), "sources_exact": True}
-        meta["vocab_size"] = tok.vocab_size
         meta_path = data_dir / "meta.json"
         meta_path.unlink(missing_ok=True)  # from here the old data is no longer whole: never taken for prepared
         for path in stage.iterdir():
             os.replace(path, data_dir / path.name)
-        tok.save(run / "spm.model")
+        tok.save(run / "spm.model")  # before the fingerprint, which may hash it (vocabulary_hash)
+        meta = {"fingerprint": fingerprint(cfg), "sources": source_sizes(cfg), "sources_exact": True}
+        meta.update(vocab_size=tok.vocab_size, splits=stats)
         with atomic_write(meta_path) as f:  # last, and whole or not at all: it marks the data prepared
-            f.write(json.dumps({**meta, "splits": stats}, indent=2))
+            f.write(json.dumps(meta, indent=2))
     finally:
         shutil.rmtree(stage, ignore_errors=True)
         if new_dir and not any(data_dir.iterdir()):  # a first prepare that failed leaves no empty data dir
@@ -475,8 +475,9 @@ def prepare(cfg: Config, force: bool = False) -> Path:
 def _build(cfg: Config, data_dir: Path) -> tuple[Tokenizer, dict[str, dict[str, int]]]:
     """The cleaned splits, their id arrays and the vocabulary, written into `data_dir`; the
     tokenizer and each split's counts."""
+    init_model = init_vocabulary(cfg)  # before the corpus is read: a checkpoint that is not there costs no time
     sizes = _clean_splits(cfg, data_dir)
-    if (init_model := init_vocabulary(cfg)) is not None:
+    if init_model is not None:
         whose = (
             "the run's own (its checkpoints')"
             if newest_checkpoint(cfg.run_path / "checkpoints")

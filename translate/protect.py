@@ -172,7 +172,7 @@ def unmask(output: str, spans: Sequence[str]) -> str:
 def repair(output: str, n_spans: int, source: str = "") -> tuple[str, bool]:
     """Make each of ⦅0⦆..⦅n-1⦆ appear exactly once in `output`: keep the first of duplicates, drop
     placeholders of no span, add the missing ones at the end (before the final punctuation), those
-    that touch in the masked `source` touching again (`<b>Save</b>`, not `<b> Save </b>`).
+    that touch in the masked `source` touching again (`<b>%s</b>`, not `<b> %s </b>`).
     Returns the repaired output and whether anything had to change."""
     seen: set[int] = set()
 

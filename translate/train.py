@@ -134,6 +134,18 @@ def load_last(last: Path) -> dict[str, Any]:
         raise UserError(f"{e}; to continue from the checkpoint before it: ln -f {earlier[-1]} {last}") from None
 
 
+def resume_command(cfg: Config, world: World) -> str:
+    """The command that continues the run of `cfg`: under torchrun, torchrun with as many processes;
+    from this directory where the config names paths relative to it."""
+    cd = f"cd {shlex.quote(os.getcwd())} && " if relative_paths(cfg) else ""
+    config = shlex.quote(str(cfg.run_path / "config.yaml"))
+    if not world.distributed:
+        return f"{cd}translate train --config {config} --resume"
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world.size))
+    nodes = f" on each of the {world.size // local} machines, as before" if local != world.size else ""
+    return f"{cd}torchrun --nproc_per_node {local} -m translate train --config {config} --resume{nodes}"
+
+
 # ---------------------------------------------------------------------------- the loop
 
 
@@ -319,15 +331,7 @@ class Trainer:
                 )
 
     def resume_command(self) -> str:
-        """The command that continues this run: under torchrun, torchrun with as many processes; from
-        this directory where the config names paths relative to it."""
-        cd = f"cd {shlex.quote(os.getcwd())} && " if relative_paths(self.cfg) else ""
-        config = shlex.quote(str(self.run / "config.yaml"))
-        if not self.distributed:
-            return f"{cd}translate train --config {config} --resume"
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
-        nodes = f" on each of the {self.world // local} machines, as before" if local != self.world else ""
-        return f"{cd}torchrun --nproc_per_node {local} -m translate train --config {config} --resume{nodes}"
+        return resume_command(self.cfg, World.from_env())
 
     def _take_lr(self, saved: float) -> None:
         """A run resumed with another peak lr (train.lr changed, or another precision's entry) goes on
