@@ -263,7 +263,7 @@ def prepare(
         data_dir = run_prepare(prepare_config(cfg), force=force)
     finally:
         lock.release()
-    typer.echo(f"prepared data in {data_dir}, vocabulary {cfg.run_path / 'spm.model'}")
+    typer.echo(f"prepared data in {data_dir}, vocabulary {cfg.run_path / 'spm.model'} (ready for this config)")
 
 
 def onednn_primitive_cache() -> str:

@@ -73,7 +73,7 @@ class TensorboardLogger:
             f"step {step}: valid loss {m['loss']:.3f} ppl {m['ppl']:.2f} BLEU {m['bleu']:.2f} chrF {m['chrf']:.2f}"
             f" (best {best_metric} {best:.2f} at step {best_step})"
         )
-        log.debug(f"step {step} valid {m}")
+        log.debug(f"step {step} valid " + " ".join(f"{k} {v:.4f}" for k, v in m.items()))  # train.log: 4 decimals
 
     def samples(
         self,
