@@ -698,9 +698,10 @@ def test_resume_with_other_data_settings_changes_nothing(cli, run_copy):
     assert not changed(before)
 
 
-def test_resume_after_the_source_files_changed_changes_nothing(cli, run_copy):
-    """Refused before the data would be prepared again from the changed files (a new vocabulary and
-    a new draw of the valid and test pairs would replace the run's)."""
+@pytest.mark.parametrize("command", ["train", "prepare"])
+def test_resume_or_prepare_after_the_source_files_changed_changes_nothing(cli, run_copy, command):
+    """Refused before the data would be prepared again from the changed files (a new draw of the valid
+    and test pairs would replace the run's)."""
     copy, options = run_copy
     meta_path = copy / "data" / "meta.json"
     meta = json.loads(meta_path.read_text())
@@ -708,8 +709,10 @@ def test_resume_after_the_source_files_changed_changes_nothing(cli, run_copy):
     meta["sources"][source] += 1  # as if the file had grown since
     meta_path.write_text(json.dumps(meta))
     before = snapshot(copy / "checkpoints", copy / "data", copy / "spm.model", copy / "config.yaml")
-    code, _, err = cli("train", *options, "--resume")
-    assert_one_error(code, err, "cannot resume", source, "gone, new or changed", "--set name=")
+    code, _, err = cli(command, *options, *(["--resume"] if command == "train" else []))
+    assert_one_error(
+        code, err, f"cannot {command.replace('train', 'resume')}", source, "gone, new or changed", "--set name="
+    )
     assert not changed(before)
 
 
@@ -757,19 +760,6 @@ def test_resume_or_prepare_with_another_seed_changes_nothing(cli, run_copy):
     config = [o for o in options if o != "--resume"]
     code, _, err = cli("prepare", *config, "--set", "seed=5")
     assert_one_error(code, err, "cannot prepare", "seed is 5 here but 1", "--set name=")
-    assert not changed(before)
-
-
-def test_prepare_after_the_source_files_changed_changes_nothing(cli, run_copy):
-    copy, options = run_copy
-    meta_path = copy / "data" / "meta.json"
-    meta = json.loads(meta_path.read_text())
-    source = sorted(meta["sources"])[0]
-    meta["sources"][source] += 1  # as if the file had grown since
-    meta_path.write_text(json.dumps(meta))
-    before = snapshot(copy / "checkpoints", copy / "data", copy / "spm.model")
-    code, _, err = cli("prepare", *[o for o in options if o != "--resume"])
-    assert_one_error(code, err, "cannot prepare", source, "gone, new or changed", "--set name=")
     assert not changed(before)
 
 
