@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import signal
 import sys
 import threading
@@ -521,7 +520,7 @@ def average(
     run: Annotated[Optional[Path], typer.Option("--run", help="Run dir (RUN_DIR/NAME) for --last.")] = None,
 ) -> None:
     """Average the weights of several checkpoints (often better than any one of them)."""
-    from translate.checkpoint import atomic_save, average_checkpoints, step_checkpoints
+    from translate.checkpoint import STEP_FILE, atomic_save, average_checkpoints, step_checkpoints
     from translate.textio import check_output_path
 
     if last is not None:
@@ -548,7 +547,7 @@ def average(
         if twin := next((p for p in paths[:i] if p.exists() and later.exists() and p.samefile(later)), None):
             raise UserError(f"{twin} and {later} are the same checkpoint (one file); give distinct ones")
     path = check_output_path(output, "--output", paths)  # before the inputs are read: a mistake costs no time
-    own = path.name in ("best.pt", "last.pt") or re.fullmatch(r"step_\d+\.pt", path.name)
+    own = path.name in ("best.pt", "last.pt") or STEP_FILE.fullmatch(path.name)
     where = path.absolute().parent
     if own and where.name == "checkpoints" and (where.parent / "config.yaml").is_file():  # a run's own
         raise UserError(

@@ -267,8 +267,8 @@ def protected(
     def translate(sentences: list[str]) -> list[str]:
         masked = [mask(s, classes, glossary) for s in sentences]
         outputs = translate_batch([m for m, _ in masked]) if masked else []
-        repaired = [repair(out, len(spans), source)[0] for out, (source, spans) in zip(outputs, masked, strict=True)]
-        return [unmask(out, spans) for out, (_, spans) in zip(repaired, masked, strict=True)]
+        pairs = zip(outputs, masked, strict=True)
+        return [unmask(repair(out, len(spans), source)[0], spans) for out, (source, spans) in pairs]
 
     return translate
 

@@ -223,8 +223,7 @@ def evaluate_files(
         for other, earlier in outputs[:i]:
             if path.resolve() == earlier.resolve():
                 raise UserError(f"{other} and {option} are the same file {path}; give each its own")
-    references, sources, hypotheses, hypotheses_b = _evaluation_inputs(ref, checkpoints, src, hyp, hyp_b)
-    more = [_more_references(path, ref, references) for path in refs[1:]]
+    references, more, sources, hypotheses, hypotheses_b = _evaluation_inputs(refs, checkpoints, src, hyp, hyp_b)
     search: dict[str, Any] = {}
     if hypotheses is None:
         hypotheses = translate_file_lines(spec, sources, output, split, search)  # type: ignore[arg-type]
@@ -271,28 +270,14 @@ def _refuse_decoding_options(spec: EngineSpec, split: bool) -> None:
         )
 
 
-def _more_references(path: Path, first: Path, references: list[str]) -> list[str]:
-    """A further --ref: as many lines as the first, and not the same file."""
-    if path.resolve() == first.resolve():
-        raise UserError(f"--ref {path} is given twice; each --ref is another reference of the same sentences")
-    lines = read_all_lines(path, "reference")
-    check_same_length(path, lines, first, references)
-    refuse_blank_references(path, lines)
-    return lines
-
-
-def refuse_blank_references(path: Path, references: list[str]) -> None:
-    if not any(line.strip() for line in references):
-        raise UserError(f"reference file {path} has only blank lines: nothing to score against")
-
-
 def _evaluation_inputs(
-    ref: Path, checkpoints: Sequence[str | Path], src: Path | None, hyp: Path | None, hyp_b: Path | None
-) -> tuple[list[str], list[str] | None, list[str] | None, list[str] | None]:
-    """The references, sources, hypotheses (None: to translate) and second hypotheses, read and
-    checked: as many lines each, and either --hyp or a checkpoint with --src."""
+    refs: list[Path], checkpoints: Sequence[str | Path], src: Path | None, hyp: Path | None, hyp_b: Path | None
+) -> tuple[list[str], list[list[str]], list[str] | None, list[str] | None, list[str] | None]:
+    """The references (the first --ref's, and those of the further ones), sources, hypotheses (None:
+    to translate) and second hypotheses, read and checked: as many lines each, no reference blank or
+    given twice, and either --hyp or a checkpoint with --src."""
+    ref = refs[0]
     references = read_all_lines(ref, "reference")
-    refuse_blank_references(ref, references)
 
     def read_matching(path: Path | None, what: str) -> list[str] | None:
         if path is None:
@@ -301,13 +286,20 @@ def _evaluation_inputs(
         check_same_length(path, lines, ref, references)
         return lines
 
+    more = [read_matching(path, "reference") for path in refs[1:]]
+    for i, (path, lines) in enumerate(zip(refs, [references, *more])):
+        if not any(line.strip() for line in lines):
+            raise UserError(f"reference file {path} has only blank lines: nothing to score against")
+        if any(path.resolve() == earlier.resolve() for earlier in refs[:i]):
+            raise UserError(f"--ref {path} is given twice; each --ref is another reference of the same sentences")
+
     sources = read_matching(src, "source")
     hypotheses_b = read_matching(hyp_b, "second hypothesis")
     if hyp is not None and checkpoints:
         raise UserError("give either --hyp (score existing output) or a checkpoint with --src, not both")
     if hyp is None and (not checkpoints or sources is None):
         raise UserError("evaluate needs a checkpoint and --src, or --hyp (see translate evaluate --help)")
-    return references, sources, read_matching(hyp, "hypothesis"), hypotheses_b
+    return references, more, sources, read_matching(hyp, "hypothesis"), hypotheses_b  # type: ignore[return-value]
 
 
 def plot_attention(
