@@ -1,6 +1,7 @@
 """`translate serve`: through a real HTTP client against a real listening socket, and in process
 (create_app over an engine, or over a stub of one, through Starlette's TestClient)."""
 
+import asyncio
 import http.client
 import json
 import os
@@ -28,7 +29,7 @@ pytest.importorskip("httpx", reason="Starlette's TestClient needs httpx (the [de
 from starlette.testclient import TestClient  # noqa: E402
 
 from translate.pool import DecodingFailed  # noqa: E402
-from translate.serve import create_app, listen  # noqa: E402
+from translate.serve import create_app, listen, parse_request, translate_request  # noqa: E402
 
 SENTENCES = (FIXTURES / "bible.test.en").read_text(encoding="utf-8").splitlines()
 
@@ -417,6 +418,35 @@ def test_in_process_paragraphs_documents_and_glossaries_reach_the_engine():
     assert response.status_code == 400 and "nbest" in response.json()["error"]
     response = client.post("/translate", json={"text": "# Hello there.", "format": "markdown", "nbest": 1})
     assert response.json() == {"translation": "# Hello there. (2)"}  # a document, not a list with a made-up score
+
+
+def test_a_document_submitted_as_its_client_hangs_up_leaves_the_queue():
+    """The client of a document hangs up while the document's thread is queueing its sentences:
+    what that submit queued is cancelled too, not left for a search to decode."""
+    entered, futures = threading.Event(), []
+
+    class SlowEngine(StubEngine):
+        def submit(self, texts, options=None, glossary=None) -> Future:
+            entered.set()
+            time.sleep(0.3)  # the client hangs up meanwhile
+            futures.append(future := Future())
+            answer = [[(text, -1.0)] for text in texts]
+            threading.Timer(3, lambda: future.done() or future.set_result(answer)).start()  # a search, later
+            return future
+
+    engine = SlowEngine()
+    body = json.dumps({"text": "<p>One here. Two there.</p>", "format": "html"}).encode()
+    request = parse_request(body, engine.defaults, ServingLimits())
+
+    async def hang_up() -> None:
+        task = asyncio.ensure_future(translate_request(engine, request))
+        await asyncio.to_thread(entered.wait, 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(hang_up())  # returns once the document's thread has ended
+    assert len(futures) == 1 and futures[0].cancelled()
 
 
 def test_a_port_out_of_range_is_one_line():

@@ -216,6 +216,8 @@ async def translate_request(engine: TranslationEngine, r: TranslateRequest) -> l
         if gone.is_set():
             raise CancelledError  # its client is gone: the rest of the document is not submitted
         submitted.append(future := engine.submit(sentences, r.search, r.glossary))
+        if gone.is_set():  # gone while submitting: the loop below may have missed this future
+            future.cancel()
         return future
 
     try:
