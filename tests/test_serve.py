@@ -64,8 +64,9 @@ class Server:
         assert found, "the server did not start:\n" + "\n".join(self.lines)
         self.url = found[0].group(1)
 
-    def post(self, body: bytes | str | dict, timeout: float = 60) -> tuple[int, str]:
-        """(status, response body) of POST /translate."""
+    def post(self, body: bytes | str | dict, timeout: float = 300) -> tuple[int, str]:
+        """(status, response body) of POST /translate (`timeout`: a bound for a hung server, not a
+        speed: a loaded machine answers 200 requests of 16 threads slowly)."""
         data = json.dumps(body).encode() if isinstance(body, dict) else body
         data = data.encode() if isinstance(data, str) else data
         request = urllib.request.Request(self.url + "/translate", data=data, method="POST")
@@ -78,7 +79,7 @@ class Server:
 
     def get(self, path: str) -> tuple[int, str]:
         try:
-            with urllib.request.urlopen(self.url + path, timeout=30) as response:
+            with urllib.request.urlopen(self.url + path, timeout=120) as response:
                 return response.status, response.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
