@@ -253,7 +253,7 @@ def ct2_translate(translator, tokens: list[str], beam: int, o: SearchOptions, wo
         source = [[tokens[t] for t in row if t not in (PAD, EOS)] for row in src.tolist()]  # CT2 adds the EOS
         results = translator.translate_batch(
             source, beam_size=beam, length_penalty=o.length_penalty, max_decoding_length=int(max_lens.max()),
-            min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]], max_input_length=0,
+            min_decoding_length=1, suppress_sequences=[["<pad>"], ["<s>"]], max_input_length=0,
         )  # fmt: skip
         limits = max_lens.tolist() if beam == 1 else [None] * len(results)
         return [[ids[t] for t in r.hypotheses[0]][:m] for r, m in zip(results, limits, strict=True)]

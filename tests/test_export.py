@@ -110,7 +110,7 @@ def ct2_translate(directory: Path, beam: int, **options) -> list[str]:
     translator = ctranslate2.Translator(str(directory), device="cpu", **options)
     results = translator.translate_batch(
         sp.encode(LINES, out_type=str), beam_size=beam, length_penalty=0, max_decoding_length=MAX_LEN,
-        min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]],  # ours may end at once (its default: 1)
+        suppress_sequences=[["<pad>"], ["<s>"]],  # min_decoding_length 1 by default: EOS not first, as ours
     )  # fmt: skip
     return [sp.decode(r.hypotheses[0]).rstrip(" ") for r in results]  # as the README of the export says
 

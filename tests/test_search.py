@@ -134,7 +134,7 @@ def test_ensemble_of_one_is_the_model(model, src):
         got = ens.step(tokens)
         state = model.init_state(*model.encode(src))
         expected = torch.log_softmax(model.decode_step(tokens, state), dim=-1)
-        expected[:, [PAD, BOS]] = INF
+        expected[:, [PAD, BOS, EOS]] = INF  # the first step: no EOS yet
     assert torch.equal(got, expected)
 
 
@@ -251,6 +251,25 @@ def test_scripted_batch_equals_one_at_a_time():
     assert_same(batched[0], alone_11[0])
     assert_same(batched[1], alone_10[0])
     assert batched[0][0].tokens == [5] and batched[0][0].score == pytest.approx(math.log(0.72) / lp(2, 1))
+
+
+def test_no_sentence_translates_to_nothing():
+    """EOS is never the first piece, however probable (a weak model's beam search would end many
+    sentences at once, scored best by the length penalty), in greedy, beam and running searches;
+    from the second piece on it may end."""
+    table = {**TABLE, (12,): {EOS: 0.9, 4: 0.1}}
+    src = torch.tensor([[12, EOS]])
+    greedy = greedy_search([ScriptedModel(table)], src, 0, 10)
+    assert greedy[0].tokens == [4] and greedy[0].log_prob == pytest.approx(math.log(0.1))  # then (12, 4): EOS
+    for beam in (1, 2):
+        assert beam_search([ScriptedModel(table)], src, SearchOptions(beam, 1.0, 0, 10))[0][0].tokens == [4]
+    running = BeamSearch(Ensemble([biased_model(eos_bias=50.0)]), 3, 1.0, 1)
+    sources = make_src([3, 5, 1])
+    running.add(sources, max_output_lengths(sources, 1.0, 4), [0, 1, 2])
+    results: dict[int, list[Hypothesis]] = {}
+    while running.keys:
+        results.update(running.step())
+    assert sorted(results) == [0, 1, 2] and all(len(hyps[0].tokens) == 1 for hyps in results.values())
 
 
 def test_scripted_greedy_and_one_wide_beam():

@@ -412,6 +412,7 @@ def write_huggingface(model: Transformer, tokenizer: Tokenizer, cfg: Config, out
         decoder_start_token_id=BOS, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
         num_beams=cfg.decode.beam_size, length_penalty=cfg.decode.length_penalty, max_length=cfg.model.max_positions,
         suppress_tokens=[PAD, BOS],  # as our search: never produced
+        min_new_tokens=1,  # nor EOS first
     )  # fmt: skip
     hf.save_pretrained(out)
     spm_dir = Path(tempfile.mkdtemp(prefix=".spm.", dir=out))

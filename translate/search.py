@@ -4,7 +4,8 @@ Shapes: B sentences, N sentences still searching, k beam size, V vocabulary, t t
 
 Conventions (see model.py): a source row is its pieces + EOS, right-padded with PAD; the
 decoder starts from BOS; a hypothesis ends at EOS. PAD and BOS are never produced (their
-log-probs are -inf); UNK may be. The maximum output length of a sentence is
+log-probs are -inf), nor EOS at the first step (a hypothesis has at least one piece, as
+CTranslate2's min_decoding_length 1); UNK may be. The maximum output length of a sentence is
 `int(max_len_a * src_len + max_len_b)` tokens (at least 1), EOS included, where src_len counts
 the source's pieces (no EOS, no padding); a hypothesis that reaches it without EOS ends there.
 
@@ -131,7 +132,8 @@ class Ensemble:
             self.states[i] = model.join_state(self.states[i], model.init_state(memory, src_mask), beams)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (R,) the last token of each row -> log-probs (R, V) of the next one, PAD/BOS at -inf."""
+        """tokens (R,) the last token of each row -> log-probs (R, V) of the next one, PAD/BOS at -inf
+        (and EOS in the rows at their first step)."""
         logps = [
             torch.log_softmax(self._logits(m, s, tokens).float(), dim=-1)
             for m, s in zip(self.models, self.states, strict=True)
@@ -142,6 +144,9 @@ class Ensemble:
             logp = torch.logsumexp(torch.stack(logps), dim=0) - math.log(len(logps))  # (R, V)
         logp[:, PAD] = NEG_INF
         logp[:, BOS] = NEG_INF
+        # no EOS first: a non-blank source never translates to nothing (a row's last token is BOS
+        # only at its first step; where, not a mask's index, so that a GPU need not synchronise)
+        logp[:, EOS] = torch.where(tokens == BOS, NEG_INF, logp[:, EOS])
         return logp
 
     def top(self, tokens: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
