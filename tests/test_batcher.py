@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -73,20 +74,24 @@ def test_a_failing_search_fails_its_request_and_the_engine_goes_on(engine, monke
     assert len(engine.submit([LINES[0]]).result(timeout=60)) == 1  # beam search still answers
 
 
-def test_a_failing_beam_search_step_fails_its_requests_and_the_threads_go_on(model, tokenizer, monkeypatch):
-    """Every request in a search whose step raises gets the error (requests gathered by identity);
-    the decoding threads live on and answer the next request."""
+@pytest.mark.parametrize("where", ["step", "select"])
+def test_a_failing_beam_search_step_fails_its_requests_and_the_threads_go_on(model, tokenizer, monkeypatch, where):
+    """Every request in a search whose step raises gets the error (requests gathered by identity),
+    whether the step fails at once or after the sentences it finished left the search (`select`:
+    the short request's); nothing stays in flight, the decoding threads live on, answer the next
+    request and stop."""
     from translate import search as search_module
 
-    real_step, calls = search_module.BeamSearch.step, []
+    owner, name = (search_module.BeamSearch, "step") if where == "step" else (search_module.Finished, "select")
+    real, calls = getattr(owner, name), []
 
-    def step_failing_once(self):
+    def failing_once(self, *args):
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("broken step")
-        return real_step(self)
+        return real(self, *args)
 
-    monkeypatch.setattr(search_module.BeamSearch, "step", step_failing_once)
+    monkeypatch.setattr(owner, name, failing_once)
     limits = ServingLimits(batch_window_ms=300, max_batch=5)  # one thread: both requests join one search
     engine = Engine(model, tokenizer, SEARCH, workers=1, limits=limits)
     try:
@@ -95,6 +100,9 @@ def test_a_failing_beam_search_step_fails_its_requests_and_the_threads_go_on(mod
             with pytest.raises(RuntimeError, match="broken step"):
                 future.result(timeout=60)
         assert len(engine.submit([LINES[2]]).result(timeout=60)) == 1
-        assert all(t.is_alive() for t in engine._batcher.threads)
+        assert all(t.is_alive() for t in engine._batcher.threads) and engine._batcher.in_flight == [0]
     finally:
-        engine.stop()
+        stopping = threading.Thread(target=engine.stop, daemon=True)
+        stopping.start()
+        stopping.join(timeout=60)
+        assert not stopping.is_alive(), "the engine did not stop"

@@ -193,24 +193,30 @@ class Batcher:
             else:
                 self._answer(me, job, job.results)
         for o, group in joining.items():
+            jobs = [job for job, _, _ in group]
             try:
                 src = pad_batch([ids for _, sources, _ in group for ids in sources], self.engine.device)
                 if o not in searches:
                     searches[o] = BeamSearch(Ensemble(self.engine.models), o.beam_size, o.length_penalty, o.nbest)
                 with torch.inference_mode():
                     max_lens = max_output_lengths(src, o.max_len_a, o.max_len_b, searches[o].ensemble.max_output)
-                searches[o].add(src, max_lens, [(job, i) for job, _, todo in group for i in todo])
             except Exception as e:  # these requests fail with the reason; the others go on
-                self._fail(me, [job for job, _, _ in group], e)
+                self._fail(me, jobs, e)
+                continue
+            try:
+                searches[o].add(src, max_lens, [(job, i) for job, _, todo in group for i in todo])
+            except Exception as e:  # the search may be half-joined: it ends, and every request in it fails
+                self._fail(me, list(dict.fromkeys(jobs + [job for job, _ in searches.pop(o).keys])), e)
 
     def _step(self, me: int, searches: dict[SearchOptions, BeamSearch], options: SearchOptions) -> None:
         """One step of the search of these options; the sentences done go to their requests."""
         search = searches[options]
+        jobs = list(dict.fromkeys(job for job, _ in search.keys))  # before the step, which drops the done ones
         try:
             done = search.step()
             translations = to_translations(self.engine.tokenizer, [hyps for _, hyps in done], options.nbest)
-        except Exception as e:  # every request of this search fails; the others go on
-            self._fail(me, list(dict.fromkeys(job for job, _ in search.keys)), e)
+        except Exception as e:  # every request of this search fails (those it finished too); the others go on
+            self._fail(me, jobs, e)
             del searches[options]
             return
         for ((job, i), _), translation in zip(done, translations, strict=True):
