@@ -281,6 +281,16 @@ def test_refusals(checkpoints, tmp_path):
         with pytest.raises(UserError, match="pre-norm model .* cannot be exported to huggingface"):
             export(checkpoints["pre"], "huggingface", out)
     assert list(tmp_path.iterdir()) == []  # nothing half-written
+    if HAS_CT2 or HAS_HF:
+        from translate.checkpoint import load_checkpoint
+
+        ckpt = load_checkpoint(post)
+        bias = next(name for name in ckpt["model"] if name.endswith(".bias"))
+        ckpt["model"][bias] = ckpt["model"][bias][:-1]  # weights that do not fit the config
+        torch.save(ckpt, bad := tmp_path / "bad.pt")
+        with pytest.raises(UserError, match=r"bad\.pt: weights do not fit the model its config describes"):
+            export(bad, "ctranslate2" if HAS_CT2 else "huggingface", out)
+        assert not out.exists()
 
 
 @needs_ct2

@@ -163,18 +163,22 @@ def checkpoint_config(ckpt: dict[str, Any]) -> Config:
     return config_from_dict(ckpt["config"])
 
 
-def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[Transformer, Tokenizer, Config]:
-    """Model (in eval mode, on `device`), tokenizer and config from one checkpoint file."""
-    ckpt = load_checkpoint(path)
-    cfg = checkpoint_config(ckpt)
-    tokenizer = Tokenizer(ckpt["spm_model"])
-    model = Transformer(cfg.model, ckpt["vocab_size"])
+def model_of(ckpt: dict[str, Any], path: str | Path) -> Transformer:
+    """The model of a loaded checkpoint (read from `path`), in eval mode on the CPU; weights that
+    do not fit the model its config describes are a UserError."""
+    model = Transformer(checkpoint_config(ckpt).model, ckpt["vocab_size"])
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
         why = [line.strip() for line in str(e).splitlines() if line.strip()][1:2] or [str(e)]  # the first problem
         raise UserError(f"{path}: weights do not fit the model its config describes ({why[0][:300]})") from None
-    return model.to(device).eval(), tokenizer, cfg
+    return model.eval()
+
+
+def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[Transformer, Tokenizer, Config]:
+    """Model (in eval mode, on `device`), tokenizer and config from one checkpoint file."""
+    ckpt = load_checkpoint(path)
+    return model_of(ckpt, path).to(device), Tokenizer(ckpt["spm_model"]), checkpoint_config(ckpt)
 
 
 # ---------------------------------------------------------------------------- training state

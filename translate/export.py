@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import yaml
 
-from translate.checkpoint import checkpoint_config, load_checkpoint
+from translate.checkpoint import checkpoint_config, load_checkpoint, model_of
 from translate.config import Config
 from translate.errors import UserError
 from translate.model import Transformer
@@ -101,9 +101,7 @@ def export(
             "its Transformer, is post-norm only; export it --to ctranslate2"
         )
     tokenizer = Tokenizer(ckpt["spm_model"])
-    model = Transformer(cfg.model, ckpt["vocab_size"])
-    model.load_state_dict(ckpt["model"])
-    model.eval()
+    model = model_of(ckpt, checkpoint)
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # e.g. under /proc, or a name too long
