@@ -100,6 +100,8 @@ def test_tune_command_writes_the_choice_that_decoding_then_takes(
 
     short = tmp_path / "short.fr"
     short.write_text("Une ligne.\n", encoding="utf-8")
+    blank = tmp_path / "blank.fr"
+    blank.write_text("\n" * lines, encoding="utf-8")
     for bad, message in (
         (["--ref", valid[1], "--lenpen", "-1"], "length penalty must be a finite number >= 0"),
         (
@@ -107,6 +109,7 @@ def test_tune_command_writes_the_choice_that_decoding_then_takes(
             "length penalty must be a finite number >= 0, got nan",
         ),
         (["--ref", short], "they must match"),
+        (["--ref", blank], "has only blank lines: nothing to score against"),
     ):
         code, _, err = run_main(monkeypatch, capsys, "tune", ckpt, "--src", valid[0], *bad)
         assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1 and message in err

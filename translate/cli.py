@@ -583,12 +583,13 @@ def tune(
     """Choose the length penalty with the best BLEU on --src/--ref (the checkpoint's beam) and write it
     into the checkpoint's decode section, the default of every command that translates with it."""
     from translate.engine import EngineSpec
-    from translate.textio import check_same_length, read_all_lines
+    from translate.textio import check_references, check_same_length, read_all_lines
     from translate.tune import tune_checkpoint
 
     _keep_freed_memory()
     sources, references = read_all_lines(src, "source"), read_all_lines(ref, "reference")
     check_same_length(src, sources, ref, references)
+    check_references(ref, references)
     spec = EngineSpec(
         [checkpoint], device=device, dtype=dtype, protect=True, batch_tokens=batch_tokens, workers=workers
     )

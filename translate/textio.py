@@ -76,6 +76,12 @@ def check_same_length(path: str | Path, lines: list[str], ref: str | Path, refer
     raise UserError(message)
 
 
+def check_references(path: str | Path, references: list[str]) -> None:
+    """A UserError where a reference file has only blank lines: a score against it means nothing."""
+    if not any(line.strip() for line in references):
+        raise UserError(f"reference file {path} has only blank lines: nothing to score against")
+
+
 def read_all_lines(path: str | Path, what: str) -> list[str]:
     """All the lines of a file (see read_lines) as a list; an empty file is a UserError."""
     lines = list(read_lines(Path(path), what))

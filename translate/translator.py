@@ -28,6 +28,7 @@ from translate.segment import translate_paragraphs
 from translate.textio import (
     atomic_write,
     check_output_path,
+    check_references,
     check_same_length,
     read_all_lines,
     read_lines,
@@ -288,8 +289,7 @@ def _evaluation_inputs(
 
     more = [read_matching(path, "reference") for path in refs[1:]]
     for i, (path, lines) in enumerate(zip(refs, [references, *more])):
-        if not any(line.strip() for line in lines):
-            raise UserError(f"reference file {path} has only blank lines: nothing to score against")
+        check_references(path, lines)
         if any(path.resolve() == earlier.resolve() for earlier in refs[:i]):
             raise UserError(f"--ref {path} is given twice; each --ref is another reference of the same sentences")
 
