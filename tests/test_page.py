@@ -191,9 +191,13 @@ def test_the_pages_own_problems_are_shown_and_nothing_sent(page, setup, message)
     assert page.run(OUTPUT) == ""
 
 
-def test_a_refused_request_shows_the_servers_error(page):
+def test_a_refused_request_shows_the_servers_error(page, decoded):
     page.type("#source", SENTENCES[0])
+    page.click("#translate")
+    page.wait_for(TIME)
+    assert page.run(OUTPUT) == decoded[0]
     page.run("document.getElementById('beam').value = '65'")
     page.click("#translate")
     shown = page.wait_for("!document.getElementById('error').hidden && document.getElementById('error').textContent")
     assert shown == '400: "beam_size" must be an integer from 1 to 64, got 65'
+    assert page.run(OUTPUT) == "" and page.run("document.getElementById('copy').hidden")  # not the earlier answer

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -175,6 +176,21 @@ def test_bad_requests_get_one_line_and_the_server_goes_on(server, decoded, body,
     assert status == 200 and json.loads(text) == {"translation": decoded[SENTENCES[1]]}
 
 
+def test_a_client_gone_while_sending_its_body_is_499_not_a_server_fault(server):
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as client:
+        client.sendall(
+            b"POST /translate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 1000\r\n\r\n{"text": "In the'
+        )
+        time.sleep(0.2)  # the server has begun reading the body
+    deadline = time.monotonic() + 30
+    while not any("POST /translate 499 ? texts 1000 bytes" in line for line in server.lines):
+        assert time.monotonic() < deadline, "\n".join(server.lines)
+        time.sleep(0.05)
+    assert not any("POST /translate 500" in line for line in server.lines)
+
+
 def test_unknown_path_and_method_are_json_errors(server):
     assert server.get("/nope")[0] == 404 and "error" in json.loads(server.get("/nope")[1])
     assert server.get("/translate")[0] == 405
@@ -320,6 +336,15 @@ def test_a_decoding_process_that_ends_spares_the_server(checkpoint, decoded):
         for sentence in SENTENCES[:6]:
             status, text = server.post({"text": sentence})
             assert status == 200 and json.loads(text) == {"translation": decoded[sentence]}
+        assert server.get("/health")[0] == 200
+        os.kill(children[1], signal.SIGKILL)  # none left: /health says so, for a load balancer
+        while sum("decoding process" in line and "ended" in line for line in server.lines) < 2:
+            assert time.monotonic() < deadline + 60, "the server did not notice:\n" + "\n".join(server.lines)
+            time.sleep(0.05)
+        status, body = server.get("/health")
+        assert status == 503 and json.loads(body)["status"] == "unavailable"
+        assert json.loads(body)["error"] == "no decoding process left"
+        assert server.post({"text": SENTENCES[0]})[0] == 503
     finally:
         assert server.stop() == 0
 
@@ -378,7 +403,7 @@ class StubEngine:
     """A TranslationEngine whose submit does what it is told: the HTTP layer's view of an engine."""
 
     def __init__(self, outcome: Exception | None = None) -> None:
-        self.defaults, self.queued, self.outcome = SearchOptions(beam_size=2), 0, outcome
+        self.defaults, self.queued, self.unavailable, self.outcome = SearchOptions(beam_size=2), 0, None, outcome
         self.submitted: list[tuple[list[str], object]] = []  # (texts, glossary) of each submit
 
     def submit(self, texts: list[str], options: SearchOptions | None = None, glossary=None) -> Future:

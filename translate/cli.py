@@ -477,7 +477,11 @@ def serve(
         float, typer.Option("--batch-window-ms", help="How long a batch waits for more requests.")
     ] = ServingLimits.batch_window_ms,
     max_batch: Annotated[
-        int, typer.Option("--max-batch", help="Most sentences a decoding worker searches at once.")
+        int,
+        typer.Option(
+            "--max-batch",
+            help="Most sentences a decoding worker searches at once (a larger request is searched whole).",
+        ),
     ] = ServingLimits.max_batch,
     max_queue: Annotated[
         int, typer.Option("--max-queue", help="Sentences waiting; past it: 503 (a request of more sentences: 413).")

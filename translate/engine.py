@@ -63,6 +63,11 @@ class TranslationEngine(Protocol):
         """Sentences submitted and not yet taken into a search."""
         ...
 
+    @property
+    def unavailable(self) -> str | None:
+        """Why no sentence can be submitted now (None: they can); /health says it."""
+        ...
+
     def translate(
         self, lines: Iterable[str], options: SearchOptions | None = None, *, glossary: Terms | None = None
     ) -> Iterator[Translation]:
@@ -267,6 +272,10 @@ class Engine:
     @property
     def queued(self) -> int:
         return self._batcher.queued if self._batcher else 0
+
+    @property
+    def unavailable(self) -> str | None:
+        return "the server is shutting down" if self._batcher and self._batcher.stopping else None
 
     def submit(self, texts: list[str], options: SearchOptions | None = None, glossary: Terms | None = None) -> Future:
         """Queue sentences for the decoding threads (started on first use); see TranslationEngine."""

@@ -104,6 +104,10 @@ class ProcessEngine:
     def queued(self) -> int:
         return sum(self.waiting)
 
+    @property
+    def unavailable(self) -> str | None:  # read under self.lock by submit
+        return "the server is shutting down" if self.stopping else None if self.alive else "no decoding process left"
+
     def start(self) -> None:
         for reader in self.readers:
             if not reader.is_alive():
@@ -125,10 +129,7 @@ class ProcessEngine:
             raise TypeError(f"texts must be a list of str, not one {type(texts).__name__}")
         future: Future = Future()  # cancelled (its client gone): the process drops what it has not taken
         with self.lock:
-            gone = (
-                "the server is shutting down" if self.stopping else None if self.alive else "no decoding process left"
-            )
-            check_room(self.queued, len(texts), self.max_queue, gone)
+            check_room(self.queued, len(texts), self.max_queue, self.unavailable)
             while self.alive:
                 worker = min(self.alive, key=lambda i: (self.outstanding[i], i))
                 try:

@@ -5,7 +5,8 @@
                      split (true: a text's sentences translated apart)
                      -> {"translation": "..."} or {"translations": [...]} in input order; with
                      nbest, a list per text (best first) and "scores" of the same shape
-    GET  /health     -> {"status": "ok", ...}
+    GET  /health     -> {"status": "ok", ...}; 503 {"status": "unavailable", "error": "...", ...} when
+                     no request can be translated (no decoding process left, shutting down)
     GET  /           -> a page to try it (page.py)
 
 This module is the HTTP layer only: requests are parsed and checked on the event loop, then
@@ -150,21 +151,26 @@ def _kind(value: object) -> str:
     )
 
 
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready."""
+
+
 async def read_body(request, max_request_bytes: int) -> bytes:
     """The request's body; RequestError 413 as soon as it is known to be over the limit."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > max_request_bytes:
         raise RequestError(413, f"the body has {int(length)} bytes; at most {max_request_bytes} (--max-request-bytes)")
+    from starlette.requests import ClientDisconnect
+
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > max_request_bytes:
-            raise RequestError(413, f"the body is over {max_request_bytes} bytes (--max-request-bytes)")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > max_request_bytes:
+                raise RequestError(413, f"the body is over {max_request_bytes} bytes (--max-request-bytes)")
+    except ClientDisconnect:  # gone while sending its body: 499, as gone while waiting for its answer
+        raise ClientGone from None
     return bytes(body)
-
-
-class ClientGone(Exception):
-    """The client closed its connection before its answer was ready."""
 
 
 async def until_client_gone(receive: Callable[[], Awaitable[dict]], work: Awaitable[Any]) -> Any:
@@ -280,7 +286,12 @@ def create_app(engine: TranslationEngine, limits: ServingLimits, *, log_text: bo
         return response
 
     async def health(request) -> JSONResponse:
-        return JSONResponse({"status": "ok", "queued": engine.queued, "answered": answered, **(info or {})})
+        """200 and status ok while requests can be translated; else 503 and the reason (a load
+        balancer then sends its requests elsewhere)."""
+        why = engine.unavailable
+        state = {"status": "ok"} if why is None else {"status": "unavailable", "error": why}
+        body = {**state, "queued": engine.queued, "answered": answered, **(info or {})}
+        return JSONResponse(body, status_code=200 if why is None else 503)
 
     async def http_error(request, exc: HTTPException) -> JSONResponse:
         response = error(exc.status_code, exc.detail)
