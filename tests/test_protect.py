@@ -210,6 +210,17 @@ def test_protector_restores_every_span_exactly_once_even_when_the_model_does_not
     assert protector.repaired == 3 and protector.lines == 3
 
 
+def test_without_classes_markup_and_typed_placeholders_are_still_protected():
+    """--no-protect (no classes) leaves URLs and numbers to the model, not a document's markup
+    (markup.py's private-use characters) nor a placeholder typed in the input."""
+    protector = Protector([], _Tok(True))
+    line = "Say \ue000hello\ue001 to https://x.org and ⦅7⦆"
+    (masked,) = protector.mask_lines([line])
+    assert "\ue000" not in masked and "https://x.org" in masked and "⦅7⦆" not in masked
+    (out,) = protector.restore([[(masked, -1.0)]])
+    assert out[0][0] == line
+
+
 def test_protector_is_off_for_a_vocabulary_without_placeholders():
     protector = Protector(CLASSES, _Tok(False))
     assert not protector.enabled

@@ -113,7 +113,8 @@ ProtectOpt = Annotated[
     bool,
     flag(
         "--protect/--no-protect",
-        help="Copy placeholders, tags, URLs, paths and numbers verbatim (the checkpoint's decode.protect classes).",
+        help="Copy placeholders, tags, URLs, paths and numbers verbatim (the checkpoint's decode.protect classes); "
+        "a document's markup is kept either way.",
     ),
 ]
 GlossaryOpt = Annotated[

@@ -211,7 +211,8 @@ class Protector:
     def __init__(self, classes: Sequence[str], tokenizer, glossary: Terms | None = None) -> None:
         self.classes = list(classes)
         self.glossary = glossary if glossary else None
-        self.enabled = bool(self.classes or self.glossary) and has_placeholders(tokenizer)
+        # on without classes too: a document's markup and a typed placeholder are protected whatever the classes
+        self.enabled = has_placeholders(tokenizer)
         if self.glossary and not self.enabled:
             raise UserError(NO_PLACEHOLDERS_FOR_GLOSSARY)
         if self.classes and not self.enabled and not Protector.warned:
