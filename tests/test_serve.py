@@ -444,6 +444,9 @@ def test_in_process_paragraphs_documents_and_glossaries_reach_the_engine():
     assert response.status_code == 400 and "nbest" in response.json()["error"]
     response = client.post("/translate", json={"text": "# Hello there.", "format": "markdown", "nbest": 1})
     assert response.json() == {"translation": "# Hello there. (2)"}  # a document, not a list with a made-up score
+    front = "\ufeff---\ntitle: Hello\n---\n\n# Hello there.\n"  # a byte order mark first, as decode reads a file
+    response = client.post("/translate", json={"text": front, "format": "markdown"})
+    assert response.json() == {"translation": "---\ntitle: Hello\n---\n\n# Hello there. (2)\n"}
 
 
 def test_a_document_submitted_as_its_client_hangs_up_leaves_the_queue():

@@ -138,6 +138,7 @@ def parse_request(body: bytes, defaults: SearchOptions, limits: ServingLimits) -
         raise RequestError(400, f'"split" must be true or false, got {json.dumps(split)}')
     if format != "text" and nbest > 1:
         raise RequestError(400, f'"nbest" above 1 gives a list per sentence: not with "format": "{format}"')
+    texts = [text.removeprefix("\ufeff") for text in texts]  # a byte order mark, as decode drops it from a file
     return TranslateRequest(texts, single, search, "nbest" in request and format == "text", format, split, glossary)
 
 
