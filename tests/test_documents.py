@@ -125,6 +125,21 @@ def test_html_text_and_attributes_are_translated():
     assert "<b>BOLD AND <i>NESTED</i></b> TEXT" in out
 
 
+def test_html_attributes_of_elements_copied_whole_are_translated_unless_translate_no():
+    """A <textarea>, <pre> or <code> keeps its content but not its title or placeholder; an
+    element marked translate="no" (or class notranslate) keeps its attributes too."""
+    page = (
+        '<textarea placeholder="Type here" title="Message box">keep this</textarea>'
+        '<pre title="Example">keep this</pre><p>See <code title="The command">ls -l</code> now.</p>'
+        '<div translate="no" title="Brand">Name</div><span class="notranslate" title="Brand">Name</span>'
+    )
+    assert translate_html(page, protected(upper, CLASSES)) == (
+        '<textarea placeholder="TYPE HERE" title="MESSAGE BOX">keep this</textarea>'
+        '<pre title="EXAMPLE">keep this</pre><p>SEE <code title="THE COMMAND">ls -l</code> NOW.</p>'
+        '<div translate="no" title="Brand">Name</div><span class="notranslate" title="Brand">Name</span>'
+    )
+
+
 def test_html_inline_markup_keeps_its_order_and_spacing():
     out = translate_html("<p>Click <b>Save</b> now.</p>", protected(reverse_words, CLASSES))
     assert out == "<p>NOW. <b>SAVE</b> CLICK</p>"

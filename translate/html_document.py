@@ -9,7 +9,7 @@ Read with the standard library's `html.parser`, event by event, each event's sou
 - copied as they are: every tag (but for those attribute values), comments, the doctype, and the
   whole content of `<script>`, `<style>`, `<pre>`, `<code>`, `<kbd>`, `<samp>`, `<textarea>`,
   `<svg>`, `<math>`, `<template>`, and of any element with `translate="no"` or the class
-  `notranslate` (its attributes too); inside a sentence such an element is one piece of markup.
+  `notranslate` (its attributes too; the others' attributes are translated); inside a sentence such an element is one piece of markup.
 
 Entities are decoded for translation; a character that the source wrote as an entity (`&nbsp;`,
 `&copy;`, `&#169;`) is written back in that form, and `&`, `<`, `>` of the translation (and the
@@ -85,11 +85,14 @@ class _Events(HTMLParser):
         self._add("decl")
 
 
-def _is_opaque(tag: str, attrs: list) -> bool:
+def _translate_no(attrs: list) -> bool:
+    """translate="no" or class notranslate: the element, its attributes too, left as it is."""
     values = {k.lower(): (v or "") for k, v in attrs}
-    return (
-        tag in OPAQUE or values.get("translate", "").lower() == "no" or "notranslate" in values.get("class", "").split()
-    )
+    return values.get("translate", "").lower() == "no" or "notranslate" in values.get("class", "").split()
+
+
+def _is_opaque(tag: str, attrs: list) -> bool:
+    return tag in OPAQUE or _translate_no(attrs)
 
 
 class _Document:
@@ -157,10 +160,11 @@ def _read(text: str) -> _Document:
             inline = bool(doc.block) or tag in INLINE | {"code", "kbd", "samp", "span"}
             if not inline:
                 doc.end_block()
+            head = [raw] if _translate_no(attrs) else doc.tag(raw)  # a <textarea>'s placeholder, a <pre>'s title
             if kind == "startend" or tag in VOID:
-                doc.add_inline([raw]) if inline else doc.parts.append(raw)
+                doc.add_inline(head) if inline else doc.parts.extend(head)
             else:
-                opaque, opaque_tag, depth = [raw], tag, 1
+                opaque, opaque_tag, depth = head, tag, 1
         elif kind in ("start", "startend", "end") and tag in INLINE:
             doc.add_inline(doc.tag(raw) if kind != "end" else [raw])
         elif kind == "comment" and doc.block:
