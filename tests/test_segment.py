@@ -57,12 +57,20 @@ def test_the_whitespace_is_kept(text):
     assert all(not g.strip() for g in gaps)
 
 
-def test_a_sentence_ends_at_whitespace():
-    """A cut between a full stop and what follows it without a space moves to the next space."""
+def test_a_sentence_ends_at_whitespace_or_before_the_markup_that_starts_the_next():
+    """A cut between a full stop and what follows it without a space moves to the next space; where
+    markup (a document's `<br>`, `<b>`) runs into the next sentence's first word, before the markup:
+    no word goes with the sentence before it. The text joins back whole."""
     assert split_sentences("\ue000Hello world.\ue001 Next sentence.")[0] == [
         "\ue000Hello world.\ue001",
         "Next sentence.",
     ]
+    for text, expected in (
+        ("The first one is here.\ue000The second is there.", ["The first one is here.", "\ue000The second is there."]),
+        ("It is important\ue001.\ue002Bold\ue003 is next.", ["It is important\ue001.", "\ue002Bold\ue003 is next."]),
+    ):
+        sentences, gaps = split_sentences(text)
+        assert sentences == expected and "".join(g + s for g, s in zip(gaps, sentences + [""])) == text
 
 
 def test_a_long_sentence_is_cut_at_clause_punctuation_then_spaces():

@@ -41,9 +41,10 @@ from collections.abc import Callable, Sequence
 
 import sentencex
 
-from translate.protect import find_spans
+from translate.protect import MARKUP, find_spans
 
 _SPACE = re.compile(r"\s+")
+_MARKUP_RUN = re.compile(f"(?:{MARKUP.pattern})+")
 _CLAUSE = re.compile(r"[,;:\u2013\u2014](?=\s)|\s[-\u2013\u2014](?=\s)")
 # Quotation marks, hidden from the segmenter (an apostrophe within a word is not one)
 _QUOTE = re.compile(r"(?<!\w)['\u2019]|['\u2019](?!\w)|[\"\u00ab\u00bb\u2018\u201a-\u201f\u2039\u203a\u300a-\u300d]")
@@ -81,6 +82,8 @@ def sentence_cuts(text: str, language: str = "en") -> list[int]:
         # one goes with the next (the cut is after the blank's last real whitespace)
         if spaces := [i for i in blank if text[i].isspace()]:
             cut = spaces[-1] + 1
+        elif (run := _MARKUP_RUN.match(text, offset)) and run.end() < len(text) and not text[run.end()].isspace():
+            cut = offset  # markup between two sentences, no space (`here.<br>The`): the next sentence's start
         elif not text[offset - 1].isspace():
             space = _SPACE.search(text, offset)
             if space is None:
