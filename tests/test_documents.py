@@ -237,6 +237,25 @@ def test_markdown_toml_front_matter_task_boxes_and_footnotes_stay_as_they_are():
     assert link == "SEE [^CARET](https://example.com) HERE.\n"
 
 
+def test_markdown_footnote_definitions_one_under_the_other_keep_their_labels():
+    """Footnotes written as usual, one definition a line (one paragraph to CommonMark): each is a
+    block of its own, its label kept at its line's start whatever the model does."""
+    text = "A note[^1].\n\n[^1]: The first note is short.\n[^2]: The second note\ngoes on here.\n[^3]: Third.\n"
+    assert translate_markdown(text, protected(reverse_words, CLASSES)) == (
+        "NOTE[^1]. A\n\n[^1]: SHORT. IS NOTE FIRST THE\n[^2]: HERE. ON GOES\nNOTE SECOND THE\n[^3]: THIRD.\n"
+    )
+
+
+@pytest.mark.parametrize("hard_break", ["\\", "  "])
+def test_markdown_hard_break_stays_when_the_translation_takes_fewer_lines(hard_break):
+    """A block ending in a hard break (a backslash or two spaces) whose translation fills fewer
+    lines than its source: the break ends the translation's last line, not lost with the line."""
+    text = f"> First line here\n> second line{hard_break}\n> third line.\n"
+    out = translate_markdown(text, protected(lambda b: ["Amen"] * len(b), CLASSES))
+    assert out == f"> Amen{hard_break}\n> Amen\n"
+    assert md_shape(out) == md_shape(text)
+
+
 def test_markdown_escapes_what_the_translation_would_make_syntax():
     out = translate_markdown("Some text here.\n", protected(lambda b: ["- a *b* [c] 1. d"] * len(b), CLASSES))
     assert md_shape(out) == md_shape("Some text here.\n")

@@ -11,8 +11,10 @@ code spans, autolinks, inline HTML and comments, emphasis delimiters (`*`, `**`,
 edge, `~~`), the brackets and destinations of links and images (`[`, `![`, `](url "title")`,
 `][label]`; link text and image descriptions are translated, titles are not), a shortcut
 reference (`[label]`) whole, backslash escapes and entities. A hard line break ends a block (the
-text before it and the text after it are translated apart); a paragraph wrapped over several
-lines comes back wrapped over as many (broken at the spaces nearest the source's proportions),
+text before it and the text after it are translated apart) and ends its translation's last line;
+each footnote definition (`[^1]:` lines one under the other) is a block of its label's line on;
+a paragraph wrapped over several lines comes back wrapped over at most as many (broken at the
+spaces nearest the source's proportions),
 each with its line's prefix (`> `, indentation). In the translation, characters that would
 start Markdown syntax (`* _ [ ] < \\` and a backquote, `|` in a table, `#`, `>`, `-`, `+` or
 `1.` at a line's start) are escaped with a backslash.
@@ -102,15 +104,13 @@ def _slots(tokens: list, lines: list[str]) -> list[tuple[list[tuple[int, int, in
             line_no = token.map[0] + n
             text, line = content.strip(), lines[line_no].rstrip() if line_no < len(lines) else ""
             in_item = i >= 2 and tokens[i - 2].type == "list_item_open"
-            lead = (
-                _TASK.match(text)
-                if in_item
-                else _FOOTNOTE.match(text)
-                if tokens[i - 1].type == "paragraph_open"
-                else None
-            )
-            if n == 0 and lead:  # stays where it is, at the start of the block
-                text = text[lead.end() :]
+            task = _TASK.match(text) if in_item and n == 0 else None
+            footnote = _FOOTNOTE.match(text) if tokens[i - 1].type == "paragraph_open" and not in_item else None
+            if task or footnote:  # stays where it is, at the start of the block
+                text = text[(task or footnote).end() :]
+            if footnote and slots:  # footnote definitions one under the other: each a block of its own
+                found.append((slots, False))
+                slots = []
             start = len(line) - len(text) if line.endswith(text) else line.rfind(text)
             if start < 0:
                 slots = []
@@ -174,6 +174,9 @@ def translate_markdown(text: str, translate_batch: Callable[[list[str]], list[st
             outputs[i] = _fits(*args, texts) or sources[i].split("\n")  # still broken: the source stays
     edits: dict[int, list[tuple[int, int, str | None]]] = {}
     for (group, _), wrapped in zip(groups, outputs):
+        if len(wrapped) < len(group):  # lines dropped: a hard break that ended the block ends its new last line
+            line_no, _, end = group[-1]
+            wrapped = [*wrapped[:-1], wrapped[-1] + _hard_break(lines[line_no][end:])]
         for k, (line_no, start, end) in enumerate(group):
             edits.setdefault(line_no, []).append((start, end, wrapped[k] if k < len(wrapped) else None))
     out = []
@@ -227,6 +230,12 @@ def _wrap(markup: Markup, translation: str, n_lines: int, is_cell: bool) -> list
     for start, end in reversed(breaks):
         text = text[:start] + "\n" + text[end:]
     return [_LINE_START.sub(_escape_start, line) for line in text.split("\n")]
+
+
+def _hard_break(tail: str) -> str:
+    """The hard line break that the rest of a line after its text is (a backslash, two spaces or
+    more), or ''."""
+    return "\\" if tail.startswith("\\") else tail if tail.startswith("  ") and not tail.strip(" ") else ""
 
 
 def _escape_start(m: re.Match) -> str:
