@@ -211,7 +211,7 @@ def hf_generate(hf, beam: int, o: SearchOptions, workers: int = 1):
         with torch.inference_mode():
             gen = hf.generate(
                 input_ids=src, attention_mask=src != PAD, num_beams=beam, do_sample=False,
-                max_new_tokens=int(max_lens.max()), suppress_tokens=[PAD, BOS],
+                max_new_tokens=int(max_lens.max()), min_new_tokens=1, suppress_tokens=[PAD, BOS],  # nor EOS first
                 logits_processor=LogitsProcessorList([MaxLengths(max_lens, beam)]), **search,
             )  # fmt: skip
         rows = gen[:, 1:].tolist()  # without the decoder start

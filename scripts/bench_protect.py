@@ -21,8 +21,9 @@ from pathlib import Path
 import torch
 
 from translate.checkpoint import load_checkpoint, load_model
+from translate.decoding import translate_sources
 from translate.engine import Engine, first_best
-from translate.protect import CLASSES, Protector, find_spans
+from translate.protect import CLASSES, find_spans
 
 
 def kept_spans(line: str, output: str, classes) -> list[tuple[str, bool]]:
@@ -53,13 +54,14 @@ def main() -> None:
     model, tokenizer, cfg = load_model(args.checkpoint)
     classes = cfg.decode.protect or list(CLASSES)
     lines = [line.rstrip("\n") for line in args.input.read_text(encoding="utf-8").splitlines() if line.strip()]
-    engine = Engine.from_model(model, tokenizer, cfg.decode.search_options(beam_size=args.beam))  # no protection
-    plain = first_best(engine.translate(lines))
-    protector = Protector(classes, tokenizer)
+    search = cfg.decode.search_options(beam_size=args.beam)
+    plain = first_best(Engine.from_model(model, tokenizer, search).translate(lines))  # no class protected
+    engine = Engine.from_model(model, tokenizer, search, protect=classes)
+    protector, sources = engine.encode(lines)  # as engine.translate does, its Protector here to count its repairs
     if not protector.enabled:
         print("this checkpoint's vocabulary has no placeholder pieces: protection cannot be measured")
-    masked = protector.mask_lines(lines)
-    protected = first_best(protector.restore(engine.translate(masked)))  # here, to count its repairs
+    translations = translate_sources(engine.models, tokenizer, sources, search, engine.batch_tokens, engine.device)
+    protected = first_best(protector.restore(translations))
     with_p = [r for line, out in zip(lines, protected) for r in kept_spans(line, out, classes)]
     without = [r for line, out in zip(lines, plain) for r in kept_spans(line, out, classes)]
     step = load_checkpoint(args.checkpoint)["step"]

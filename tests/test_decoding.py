@@ -79,10 +79,12 @@ def test_chunks_and_streaming_give_the_same_output(model, tokenizer):
 
 
 def test_blank_lines_give_empty_lines(model, tokenizer):
-    lines = ["", "the cat", "   ", "\t", "dog", ""]
+    """Blank lines, and lines of no pieces (zero-width characters: no piece to translate, and the
+    search gives no empty translation), give empty lines."""
+    lines = ["", "the cat", "   ", "\t", "dog", "", "\u200b", "\ufeff"]
     out = translate(model, tokenizer, lines, nbest=2)
     assert len(out) == len(lines)
-    for i in (0, 2, 3, 5):
+    for i in (0, 2, 3, 5, 6, 7):
         assert out[i] == [("", 0.0), ("", 0.0)]
     assert all(len(hyps) == 2 for hyps in out)
     assert translate(model, tokenizer, ["", " "]) == [[("", 0.0)], [("", 0.0)]]

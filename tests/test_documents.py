@@ -246,13 +246,14 @@ def test_markdown_footnote_definitions_one_under_the_other_keep_their_labels():
     )
 
 
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
 @pytest.mark.parametrize("hard_break", ["\\", "  "])
-def test_markdown_hard_break_stays_when_the_translation_takes_fewer_lines(hard_break):
+def test_markdown_hard_break_stays_when_the_translation_takes_fewer_lines(hard_break, newline):
     """A block ending in a hard break (a backslash or two spaces) whose translation fills fewer
     lines than its source: the break ends the translation's last line, not lost with the line."""
-    text = f"> First line here\n> second line{hard_break}\n> third line.\n"
+    text = f"> First line here{newline}> second line{hard_break}{newline}> third line.{newline}"
     out = translate_markdown(text, protected(lambda b: ["Amen"] * len(b), CLASSES))
-    assert out == f"> Amen{hard_break}\n> Amen\n"
+    assert out == f"> Amen{hard_break}{newline}> Amen{newline}"
     assert md_shape(out) == md_shape(text)
 
 

@@ -191,13 +191,16 @@ _warned_cut = False  # once per process
 
 
 def encode_sources(tokenizer: Tokenizer, lines: list[str], max_pieces: int) -> list[list[int] | None]:
-    """Each line's source ids (pieces cut to max_pieces, + EOS); None for a blank line. The first
-    line cut is logged (a warning), once per process."""
+    """Each line's source ids (pieces cut to max_pieces, + EOS); None for a blank line or one of no
+    pieces (a zero-width space): nothing to translate. The first line cut is logged (a warning),
+    once per process."""
     global _warned_cut
     texts = [line.strip() for line in lines]
     todo = [i for i, text in enumerate(texts) if text]
     sources: list[list[int] | None] = [None] * len(lines)
     for i, pieces in zip(todo, tokenizer.encode([texts[i] for i in todo]) if todo else [], strict=True):
+        if not pieces:
+            continue
         if len(pieces) > max_pieces and not _warned_cut:
             _warned_cut = True
             log.warning(

@@ -275,7 +275,7 @@ class Engine:
 
     @property
     def unavailable(self) -> str | None:
-        return "the server is shutting down" if self._batcher and self._batcher.stopping else None
+        return None  # its threads live as long as it does
 
     def submit(self, texts: list[str], options: SearchOptions | None = None, glossary: Terms | None = None) -> Future:
         """Queue sentences for the decoding threads (started on first use); see TranslationEngine."""

@@ -235,6 +235,7 @@ def _wrap(markup: Markup, translation: str, n_lines: int, is_cell: bool) -> list
 def _hard_break(tail: str) -> str:
     """The hard line break that the rest of a line after its text is (a backslash, two spaces or
     more), or ''."""
+    tail = tail.removesuffix("\r")  # a CRLF line's: stays where it is
     return "\\" if tail.startswith("\\") else tail if tail.startswith("  ") and not tail.strip(" ") else ""
 
 

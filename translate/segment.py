@@ -23,9 +23,10 @@ pysbd has had no release since 2021. On top of it, these rules:
   "I" after one, then `.`, `?` or `!`, then a capital (`follow me. I give`: "me." is Maine's
   abbreviation to it; `nearer than I. Stay`: "I." an initial);
 - a sentence ends at whitespace: a cut the segmenter makes between a full stop and the next
-  non-space character (`word.</b> Next`, `"Go."Then`) moves to the following whitespace, and a
-  cut inside a protected span (a URL, an e-mail address, a number: translate/protect.py) is
-  dropped;
+  non-space character (`word.</b> Next`, `"Go."Then`) moves to the following whitespace, but
+  before a document's markup that runs into the next sentence's first word (`here.<br>The`:
+  the markup starts the next sentence), and a cut inside a protected span (a URL, an e-mail
+  address, a number: translate/protect.py) is dropped;
 - a sentence longer than `max_tokens` (counted by `count_tokens`, e.g. the model's pieces) is cut
   in two at the clause punctuation (`,;:` and dashes, followed by a space) nearest its middle, or
   else at the space nearest its middle, again until every part fits; a part without any space is

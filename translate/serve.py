@@ -6,7 +6,7 @@
                      -> {"translation": "..."} or {"translations": [...]} in input order; with
                      nbest, a list per text (best first) and "scores" of the same shape
     GET  /health     -> {"status": "ok", ...}; 503 {"status": "unavailable", "error": "...", ...} when
-                     no request can be translated (no decoding process left, shutting down)
+                     no request can be translated (no decoding process left)
     GET  /           -> a page to try it (page.py)
 
 This module is the HTTP layer only: requests are parsed and checked on the event loop, then
