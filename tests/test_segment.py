@@ -37,6 +37,8 @@ QUOTED = [
     ("They follow me. I give them life. Stay with me. Father, go.", ["They follow me.", "I give them life.", "Stay with me.", "Father, go."]),
     ("One is nearer than I. Stay here. John I. Smith and J. I. Packer came.", ["One is nearer than I.", "Stay here.", "John I. Smith and J. I. Packer came."]),
     ("Smith et al. Found it. Cats vs. Dogs is on. Don't go.", ["Smith et al. Found it.", "Cats vs. Dogs is on.", "Don't go."]),
+    ("He met Dr. Who. It weighs approx. 5 kg, approx. ten. He said no. Then left.",
+     ["He met Dr. Who.", "It weighs approx. 5 kg, approx. ten.", "He said no.", "Then left."]),
 ]  # fmt: skip
 
 

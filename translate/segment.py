@@ -22,6 +22,8 @@ pysbd has had no release since 2021. On top of it, these rules:
   of two letters or more (but a few lower-case abbreviations: `et al.`, `vs.`, `fig.` ...) or
   "I" after one, then `.`, `?` or `!`, then a capital (`follow me. I give`: "me." is Maine's
   abbreviation to it; `nearer than I. Stay`: "I." an initial);
+- and the other way: no cut after a title (`Dr. Who`, `Mr.`, `St.` ...) or after one of those
+  lower-case abbreviations before what is not a capital (`approx. 5`, `approx. ten`);
 - a sentence ends at whitespace: a cut the segmenter makes between a full stop and the next
   non-space character (`word.</b> Next`, `"Go."Then`) moves to the following whitespace, but
   before a document's markup that runs into the next sentence's first word (`here.<br>The`:
@@ -55,6 +57,12 @@ _FIRST_LETTER = re.compile(r"[^\W\d_]")
 # "... with me. Father ...", "... nearer than I. Stay ..." (group 1: the whitespace after it)
 _LOWER_ABBREVIATIONS = (
     "al approx ca cf ch cit dept ed eds esp est fig figs ibid incl no nos op pp resp sec viz vol vols vs"
+)
+# Cuts the segmenter makes after an abbreviation that no sentence ends with: a title before a name
+# (`Dr. Who`), or a lower-case abbreviation before what is not a capital (`approx. 5`)
+_TITLES = "Capt Col Dr Gen Hon Jr Lt Mr Mrs Ms Mt Prof Rev Sgt Sr St"
+_ABBREVIATION = re.compile(
+    rf"(?<![^\W\d_])(?:(?P<title>{'|'.join(_TITLES.split())})|(?:{'|'.join(_LOWER_ABBREVIATIONS.split())}))[.]$"
 )
 _MISSED_END = re.compile(
     rf"(?<![^\W\d_])(?!(?:{'|'.join(_LOWER_ABBREVIATIONS.split())})[.])(?:[a-z]{{2,}}|[a-z]+ I)[.!?]"
@@ -93,6 +101,10 @@ def sentence_cuts(text: str, language: str = "en") -> list[int]:
         else:
             cut = offset
         if any(s.start < offset < s.end for s in spans) or (cuts and cut <= cuts[-1]) or cut >= len(text):
+            continue
+        if (abbreviation := _ABBREVIATION.search(text, 0, blank.start)) and (
+            abbreviation.group("title") or not text[cut].isupper()
+        ):
             continue
         if _QUOTE.search(text, blank.start, cut) and (start := _FIRST_LETTER.search(text, cut)):
             if start.group().islower():  # `"Why?" she asked.`: the quotation goes on the sentence
