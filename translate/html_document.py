@@ -9,7 +9,8 @@ Read with the standard library's `html.parser`, event by event, each event's sou
 - copied as they are: every tag (but for those attribute values), comments, the doctype, and the
   whole content of `<script>`, `<style>`, `<pre>`, `<code>`, `<kbd>`, `<samp>`, `<textarea>`,
   `<svg>`, `<math>`, `<template>`, and of any element with `translate="no"` or the class
-  `notranslate` (its attributes too; the others' attributes are translated); inside a sentence such an element is one piece of markup.
+  `notranslate` (its attributes too; the others' attributes are translated); inside a sentence
+  such an element is one piece of markup.
 
 Entities are decoded for translation; a character that the source wrote as an entity (`&nbsp;`,
 `&copy;`, `&#169;`) is written back in that form, and `&`, `<`, `>` of the translation (and the
