@@ -55,17 +55,15 @@ _FIRST_LETTER = re.compile(r"[^\W\d_]")
 # English sentence ends the segmenter misses: after a lower-case word (not an abbreviation of
 # these) or "I" after one, a full stop, ? or !, and a capital: "... follow me. I give ...",
 # "... with me. Father ...", "... nearer than I. Stay ..." (group 1: the whitespace after it)
-_LOWER_ABBREVIATIONS = (
-    "al approx ca cf ch cit dept ed eds esp est fig figs ibid incl no nos op pp resp sec viz vol vols vs"
+_LOWER_ABBREVIATIONS = "|".join(
+    "al approx ca cf ch cit dept ed eds esp est fig figs ibid incl no nos op pp resp sec viz vol vols vs".split()
 )
 # Cuts the segmenter makes after an abbreviation that no sentence ends with: a title before a name
 # (`Dr. Who`), or a lower-case abbreviation before what is not a capital (`approx. 5`)
 _TITLES = "Capt Col Dr Gen Hon Jr Lt Mr Mrs Ms Mt Prof Rev Sgt Sr St"
-_ABBREVIATION = re.compile(
-    rf"(?<![^\W\d_])(?:(?P<title>{'|'.join(_TITLES.split())})|(?:{'|'.join(_LOWER_ABBREVIATIONS.split())}))[.]$"
-)
+_ABBREVIATION = re.compile(rf"(?<![^\W\d_])(?:(?P<title>{'|'.join(_TITLES.split())})|(?:{_LOWER_ABBREVIATIONS}))[.]$")
 _MISSED_END = re.compile(
-    rf"(?<![^\W\d_])(?!(?:{'|'.join(_LOWER_ABBREVIATIONS.split())})[.])(?:[a-z]{{2,}}|[a-z]+ I)[.!?]"
+    rf"(?<![^\W\d_])(?!(?:{_LOWER_ABBREVIATIONS})[.])(?:[a-z]{{2,}}|[a-z]+ I)[.!?]"
     r"['\"\u2019\u201d)\]]*(\s+)(?=['\"\u2018\u201c(\[]*[A-Z])"
 )
 
