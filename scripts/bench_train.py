@@ -22,7 +22,8 @@ On a GPU (train.device cuda, or auto where one is) it measures the steady state,
 variant (the config as it is, then each --variant's overrides): the first --updates updates of
 the epoch with the config's accumulation, their batches collated ahead in a background thread
 into pinned memory as `translate train` does, run once to warm up (every batch shape builds its
-attention plans and, with train.compile, its graph), then timed. It prints per update: the host's
+attention plans and, with train.compile, its graph), then timed from the first update's batches in
+hand to the device's end of the last. It prints per update: the host's
 time to queue it, the device's time (CUDA events) and the wall time; target tokens/s, model
 TFLOP/s and MFU against the GPU's bf16 matmul peak (measured: 8192x8192 torch.mm); the distinct
 batch shapes (of the timed updates, and of the whole epoch); the synchronisations one update
@@ -268,10 +269,11 @@ def steady_state(trainer: Trainer, n: int, peak: float) -> dict[str, float | str
     warm = time.perf_counter() - warm
     host, events, tokens, timed = [], [], 0, []
     sync(device)
-    start = time.perf_counter()
+    start = None  # from the first update's batches in hand: the epoch's batch list is built once a run
     with updates() as planned_updates:
         for planned in planned_updates:
             t = time.perf_counter()
+            start = start or t
             begin = torch.cuda.Event(enable_timing=True) if device.type == "cuda" else None
             if begin is not None:
                 begin.record()

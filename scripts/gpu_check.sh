@@ -5,19 +5,21 @@
 #   bash scripts/gpu_check.sh --dry-run  # say what would run, run nothing
 #
 # 0. preflight: CUDA usable and every package the steps import (else one line and stop);
-# 1. synthetic sentences for a vocabulary of 32,000 pieces (scripts/make_synthetic.py --lexicon:
+# 1. the cuda tests (pytest -m cuda), in the background beside steps 2 and 3 (they need little of
+#    the GPU and its host, and no prepared data), joined before the benchmark so that nothing runs
+#    beside it: bf16/fp16 training with the scaler, amp auto, an update with
+#    torch.cuda.set_sync_debug_mode("error") (no synchronisation), the additive padding mask,
+#    half-precision decoding against fp32, the CUDA RNG state of checkpoints;
+# 2. synthetic sentences for a vocabulary of 32,000 pieces (scripts/make_synthetic.py --lexicon:
 #    no hub needed);
-# 2. `translate prepare` of configs/wmt14_base.yaml on them (the SentencePiece model, the encoded data);
-# 3. the steady-state training benchmark of that config (Transformer-base, bf16) on them: as
+# 3. `translate prepare` of configs/wmt14_base.yaml on them (the SentencePiece model, the encoded data);
+# 4. the steady-state training benchmark of that config (Transformer-base, bf16) on them: as
 #    configured (eager), then 6,250 tokens x 4 accumulated (the earlier batches), and each attention
 #    kernel that takes a padding mask alone (cudnn, efficient). Each prints target tokens/s, MFU
 #    against the measured bf16 matmul peak, host/device time per update, synchronisations per
 #    update, the attention kernel and the peak memory;
-# 4. `translate train` of the same config on the same data: 200 updates, then --resume to 300,
+# 5. `translate train` of the same config on the same data: 200 updates, then --resume to 300,
 #    its tokens/s (train.log) to set beside the benchmark's;
-# 5. the cuda tests (pytest -m cuda): bf16/fp16 training with the scaler, amp auto, an update with
-#    torch.cuda.set_sync_debug_mode("error") (no synchronisation), the additive padding mask,
-#    half-precision decoding against fp32, the CUDA RNG state of checkpoints;
 # 6. the benchmark with torch.compile on (last: its graphs take longest to build).
 # The steps run in that order, the most wanted figures first, under one deadline
 # ($GPU_CHECK_BUDGET seconds, default 480): each step's time cap is its own or what is left,
@@ -66,6 +68,11 @@ except ImportError as e:
 if not cpu:
     torch.ones(1, device="cuda").sum().item()
     print("CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version(), torch.cuda.get_device_name(0))
+import shutil, sysconfig  # noqa: E401  torch.compile (the last step) builds C code with them
+compiler = next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
+headers = os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
+if not (compiler and headers):
+    print(f"note: the compile step will likely fail: C compiler {compiler or 'none'}, Python.h {'found' if headers else 'missing'}")
 PY
 }
 DATA=(--set data.source=files --set data.train="$WORK/syn/train" --set data.dataset=null --set data.subset=null
@@ -99,7 +106,9 @@ tests() {
     capped 120 $PY -m pytest -o addopts= -m cuda -q -rs --tb=short -p no:cacheprovider tests/test_cuda.py
     local code=$?
     # every test skipped (no usable GPU) is no pass: pytest's last line says "N skipped in" without "passed"
-    if tail -n 1 "$SUMMARY_DIR/tests.log" | grep -q "skipped" && ! tail -n 1 "$SUMMARY_DIR/tests.log" | grep -q "passed"; then
+    local last
+    last=$(tail -n 1 "$SUMMARY_DIR/tests.log")
+    if [ $code -eq 0 ] && [[ $last == *skipped* && $last != *passed* ]]; then
         code=1
     fi
     return $code
@@ -107,14 +116,15 @@ tests() {
 compile() {
     capped 180 $PY scripts/bench_train.py "${CONFIG[@]}" --run-dir "$WORK/runs" --steady-state --updates 24 --set train.compile=true
 }
-steps=(preflight synthetic prepare benchmark train tests compile)
+steps=(preflight tests synthetic prepare benchmark train compile)
+background=tests  # started after the preflight, joined before the benchmark
 if [ "${1:-}" = "--dry-run" ]; then
-    echo "would run, in order, within ${GPU_CHECK_BUDGET:-480} s (summary in $SUMMARY_DIR/summary.txt):"
+    echo "would run, in order, within ${GPU_CHECK_BUDGET:-480} s (summary in $SUMMARY_DIR/summary.txt; $background in the background from its turn to the benchmark's):"
     for step in "${steps[@]}"; do declare -f "$step" | sed -n '3,$p' | sed '$d'; done
     exit 0
 fi
 mkdir -p "$SUMMARY_DIR" "$WORK"
-rm -rf "$WORK/runs"
+rm -rf "$WORK/runs" "$SUMMARY_DIR"/*.exit
 : >"$SUMMARY_DIR/summary.txt"
 {
     if command -v nvidia-smi >/dev/null; then
@@ -127,25 +137,49 @@ rm -rf "$WORK/runs"
 } | tee -a "$SUMMARY_DIR/summary.txt"
 status=0
 failed=()
-for step in "${steps[@]}"; do
-    echo "== $step" | tee -a "$SUMMARY_DIR/summary.txt"
-    start=$(date +%s)
-    $step >"$SUMMARY_DIR/$step.log" 2>&1
-    code=$?
-    [ $code -eq 0 ] || { status=1; failed+=("$step"); }
+report() {  # report STEP EXIT SECONDS: the step's closing lines and its exit, into the summary
+    local step=$1 code=$2 why=""
+    [ "$code" -eq 0 ] || { status=1; failed+=("$step"); }
     # the step's closing lines: test counts, or the benchmark's table (of a progress bar, its last state)
     sed 's/.*\r//' "$SUMMARY_DIR/$step.log" | grep -v "Warning\|warn(" | tail -n 14 | tee -a "$SUMMARY_DIR/summary.txt"
     case $code in
         124) why=" (stopped at its time cap)" ;;
         125) why=" (skipped: too little of the budget left)" ;;
         137) why=" (killed: its time cap's second signal, or memory)" ;;
-        *) why="" ;;
     esac
-    echo "-- exit $code$why, $(($(date +%s) - start)) s" | tee -a "$SUMMARY_DIR/summary.txt"
+    echo "-- exit $code$why, $3 s" | tee -a "$SUMMARY_DIR/summary.txt"
+}
+join_background() {  # wait for the background step, then report it
+    [ -n "${background_pid:-}" ] || return 0
+    wait "$background_pid"
+    background_pid=
+    echo "== $background (joined)" | tee -a "$SUMMARY_DIR/summary.txt"
+    local code=1 seconds="?"
+    read -r code seconds <"$SUMMARY_DIR/$background.exit" || echo "no exit recorded" >>"$SUMMARY_DIR/$background.log"
+    report "$background" "$code" "$seconds"
+}
+for step in "${steps[@]}"; do
+    if [ "$step" = "$background" ]; then
+        echo "== $step: started in the background" | tee -a "$SUMMARY_DIR/summary.txt"
+        (
+            start=$(date +%s)
+            $step >"$SUMMARY_DIR/$step.log" 2>&1
+            echo "$? $(($(date +%s) - start))" >"$SUMMARY_DIR/$step.exit"
+        ) &
+        background_pid=$!
+        continue
+    fi
+    [ "$step" = benchmark ] && join_background  # nothing beside the measurements
+    echo "== $step" | tee -a "$SUMMARY_DIR/summary.txt"
+    start=$(date +%s)
+    $step >"$SUMMARY_DIR/$step.log" 2>&1
+    code=$?
+    report "$step" $code $(($(date +%s) - start))
     if [ "$step" = preflight ] && [ $code -ne 0 ]; then
         echo "stopped: the preflight failed, no other step ran" | tee -a "$SUMMARY_DIR/summary.txt"
         break
     fi
 done
+join_background
 echo "== ${#failed[@]} of ${#steps[@]} steps failed${failed:+: ${failed[*]}}" | tee -a "$SUMMARY_DIR/summary.txt"
 exit $status
