@@ -107,9 +107,11 @@ def test_init_from_refusals(trained_run, tmp_path):
     result = run_cli("train", "--config", tiny_config(tmp_path, name="x"), "--init-from", config, check=False)
     assert result.returncode == 2
     assert (
-        result.stderr.strip().splitlines()[-1] == f"error: {config}: not a checkpoint (not a file written by PyTorch)"
+        result.stderr.strip().splitlines()[-1]
+        == f"error: train.init_from (--init-from): {config}: not a checkpoint (not a file written by PyTorch)"
     )
     result = run_cli(
         "train", "--config", tiny_config(tmp_path, name="y"), "--init-from", tmp_path / "no.pt", check=False
     )
-    assert result.stderr.strip().splitlines()[-1] == f"error: checkpoint not found: {tmp_path / 'no.pt'}"
+    last = result.stderr.strip().splitlines()[-1]  # the config may name it: the line says where it comes from
+    assert last == f"error: train.init_from (--init-from): checkpoint not found: {tmp_path / 'no.pt'}"

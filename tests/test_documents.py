@@ -257,6 +257,20 @@ def test_markdown_hard_break_stays_when_the_translation_takes_fewer_lines(hard_b
     assert md_shape(out) == md_shape(text)
 
 
+def test_markdown_runs_translated_apart_are_kept_while_the_block_keeps_its_syntax(caplog):
+    """Where the model's placement breaks a block's syntax, the text between its markup is
+    translated apart, and each run's translation kept while the block keeps its syntax with the
+    runs kept before it: here each alone fits, both together would not (a closing ** between
+    punctuation and a letter), so the first is kept and the second stays as it was, rather than
+    the whole block."""
+
+    def colon_moves(batch: list[str]) -> list[str]:
+        return [s.replace("Word", "WORD:").replace(": then more.", "THEN MORE.") for s in batch]
+
+    assert translate_markdown("**Word**: then more.\n", protected(colon_moves, CLASSES)) == "**WORD:**: then more.\n"
+    assert "markdown: 1 piece of text kept untranslated" in caplog.text  # the user is told
+
+
 def test_markdown_escapes_what_the_translation_would_make_syntax():
     out = translate_markdown("Some text here.\n", protected(lambda b: ["- a *b* [c] 1. d"] * len(b), CLASSES))
     assert md_shape(out) == md_shape("Some text here.\n")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from tests.conftest import LINES, assert_same
@@ -49,10 +51,11 @@ def test_best_tokens_are_the_first_translation(model, tokenizer):
         assert tokenizer.decode([engine.best_tokens(line)])[0] == next(engine.translate([line]))[0][0]
 
 
-def test_load_takes_the_checkpoints_decode_section_and_the_options_given(tiny_checkpoint):
+def test_load_takes_the_checkpoints_decode_section_and_the_options_given(tiny_checkpoint, tmp_path):
     engine = Engine.load(EngineSpec([tiny_checkpoint], device="cpu"))
     assert (engine.defaults.beam_size, engine.defaults.max_len_b, engine.batch_tokens) == (2, 3, 200)
-    spec = EngineSpec([tiny_checkpoint, tiny_checkpoint], device="cpu", beam_size=3, nbest=2, batch_tokens=50)
+    copy = shutil.copy(tiny_checkpoint, tmp_path / "copy.pt")  # an ensemble of one file twice is refused
+    spec = EngineSpec([tiny_checkpoint, copy], device="cpu", beam_size=3, nbest=2, batch_tokens=50)
     ensemble = Engine.load(spec)
     assert len(ensemble.models) == 2 and ensemble.batch_tokens == 50
     assert (ensemble.defaults.beam_size, ensemble.defaults.nbest, ensemble.defaults.max_len_b) == (3, 2, 3)

@@ -25,6 +25,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import FIXTURES, run_cli, run_main, tiny_config
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from translate.checkpoint import CHECKPOINT_FORMAT, load_checkpoint
 
@@ -393,6 +394,7 @@ def decode_cases(f: SimpleNamespace, ckpt: Path) -> dict[str, tuple[list, list]]
         "missing input": (["decode", ckpt, "-i", f.dir / "nope.en"], ["input file not found", "nope.en"]),
         "input is a directory": (["decode", ckpt, "-i", f.dir], ["is a directory"]),
         "output is the input": (["decode", ckpt, "-i", f.odd_en, "-o", f.odd_en], ["is the input file"]),
+        "one checkpoint twice": (["decode", ckpt, ckpt, "-i", f.odd_en, "-o", out], ["are the same checkpoint"]),
         "output is the checkpoint": (["decode", ckpt, "-i", f.odd_en, "-o", ckpt], ["is one of the input files"]),
         "output is a directory": (["decode", ckpt, "-i", f.odd_en, "-o", f.dir], ["is a directory"]),
         "output dir missing": (["decode", ckpt, "-i", f.odd_en, "-o", f.dir / "no" / "o.fr"], ["does not exist"]),
@@ -673,6 +675,21 @@ def test_unwritable_places_are_one_line(cli, files, monkeypatch):
     assert_one_error(code, err, "runs/x: Permission denied")
 
 
+def test_a_start_that_failed_before_its_first_checkpoint_is_started_again(cli, tmp_path):
+    """A run that stopped on a mistake before saving anything (here it diverged) has only its
+    TensorBoard events: the corrected command starts it again, without --resume, and its curves
+    hold each step once."""
+    config = tiny_config(tmp_path, name="again", max_bad_steps=3, save_every=100)
+    failed = run_cli("train", "--config", config, "--set", "train.lr=1e30", check=False)  # a process, as a user's
+    assert_one_error(failed.returncode, failed.stderr, "updates in a row had a non-finite loss", logs=True)
+    run = tmp_path / "runs" / "again"
+    assert (run / "tb").is_dir() and not list((run / "checkpoints").glob("*.pt"))
+    code, _, err = cli("train", "--config", config)
+    assert code == 0, err
+    events = EventAccumulator(str(run / "tb")).Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [2, 4, 6, 8]
+
+
 def test_train_into_a_used_run(cli, run_copy):
     copy, options = run_copy
     before = snapshot(copy / "checkpoints")
@@ -791,6 +808,9 @@ def test_resume_from_another_directory_is_refused_not_a_new_run(cli, trained_run
     monkeypatch.chdir(tmp_path)
     code, _, err = cli("train", "--config", config, "--resume")
     assert_one_error(code, err, "cannot resume", home, f"--set run_dir={home.parent} --set name={run.name}")
+    assert not (tmp_path / "runs").exists()
+    code, _, err = cli("prepare", "--config", home)  # would prepare a stray run here (its log, its lock)
+    assert_one_error(code, err, "cannot prepare", home, f"--set run_dir={home.parent} --set name={run.name}")
     assert not (tmp_path / "runs").exists()
     monkeypatch.chdir(tmp_path / "project")
     code, _, err = cli("train", "--config", config, "--resume", "--set", "train.max_steps=8")

@@ -82,7 +82,10 @@ def test_a_long_sentence_is_cut_at_clause_punctuation_then_spaces():
     words = " ".join(["word"] * 20)
     parts = [words[a:b] for a, b in fit_budget(words, 6)]
     assert all(len(p.split()) <= 6 for p in parts) and " ".join(parts) == words
-    assert fit_budget("x" * 50, 1, len) == [(0, 50)]  # no space: left whole
+    assert fit_budget("x" * 50, 20, len) == [(0, 12), (12, 25), (25, 37), (37, 50)]  # no space: at the middle
+    accented = "e\u0301" * 10  # a letter and its combining accent are not parted
+    assert all(accented[a] == "e" for a, _ in fit_budget(accented, 5, len))
+    assert fit_budget("x", 0, len) == [(0, 1)]  # a part of one character stays whole
     sentences, gaps = split_sentences(f"Short one. {sentence}", max_tokens=6)
     assert sentences[0] == "Short one." and len(sentences) == 4
     assert join_sentences(sentences, gaps) == f"Short one. {sentence}"

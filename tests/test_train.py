@@ -273,6 +273,25 @@ def test_a_run_resumed_with_another_lr_goes_on_at_the_new_peak(tmp_path):
     doubled.close()
 
 
+def test_a_run_resumed_with_other_batches_goes_on_at_the_same_share_of_the_epoch(tmp_path, caplog):
+    """train.max_tokens may change on --resume (or another precision's entry apply): the epoch is then
+    packed into another number of batches, which the saved position does not index; the run goes on
+    at the same share of it. Unchanged, the position is the one saved (exact resume)."""
+    Trainer(cfg_for(tmp_path, "b", max_steps=4, max_tokens=1024), resume=False).fit()
+    saved = load_checkpoint(tmp_path / "runs" / "b" / "checkpoints" / "last.pt")["progress"]
+    assert saved["position"] == 4 and saved["epoch_batches"] > 8
+    same = Trainer(cfg_for(tmp_path, "b", max_steps=5, max_tokens=1024), resume=True)
+    same.fit()
+    assert (same.state.position, same.state.epoch_batches) == (5, saved["epoch_batches"])
+    smaller = Trainer(cfg_for(tmp_path, "b", max_steps=6, max_tokens=512), resume=True)
+    n = len(smaller.epoch_batches(0))
+    assert n > saved["epoch_batches"]
+    with caplog.at_level(logging.WARNING, logger="translate"):
+        smaller.fit()
+    assert (smaller.state.position, smaller.state.epoch_batches) == (round(5 * n / saved["epoch_batches"]) + 1, n)
+    assert "it goes on at the same share of it" in caplog.text
+
+
 def test_bf16_autocast_on_cpu_trains(tmp_path, monkeypatch):
     monkeypatch.setattr(hardware, "_cpu_info", hardware.CpuInfo("AVX512", True, "mocked", 2))  # emulated if not
     t = Trainer(cfg_for(tmp_path, "bf16", amp="bf16"), resume=False)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from translate.engine import Engine, EngineSpec
@@ -24,7 +26,8 @@ def test_decode_file_nbest_tsv(checkpoint, tmp_path):
     assert decode_file(spec(checkpoint, nbest=2), src, out, with_scores=True) == 3
     rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
     assert [r[0] for r in rows] == ["0", "0", "1", "1", "2", "2"] and rows[2][2] == ""
-    assert decode_file(spec(checkpoint, checkpoint, beam_size=1), src, out) == 3  # an ensemble, greedy
+    copy = shutil.copy(checkpoint, tmp_path / "copy.pt")  # (one file twice is refused)
+    assert decode_file(spec(checkpoint, copy, beam_size=1), src, out) == 3  # an ensemble, greedy
     assert len(out.read_text(encoding="utf-8").split("\n")) == 4
 
 

@@ -26,7 +26,10 @@ log = logging.getLogger("translate")
 def load_init(cfg: Config) -> dict[str, Any]:
     """The checkpoint of train.init_from, once its model settings are found to be the config's."""
     path = Path(cfg.train.init_from).expanduser()
-    ckpt = load_checkpoint(path)
+    try:
+        ckpt = load_checkpoint(path)
+    except UserError as e:  # the config may name it (configs/adapt.yaml): say where it comes from
+        raise UserError(f"train.init_from (--init-from): {e}") from None
     here, there = config_to_dict(cfg)["model"], ckpt["config"]["model"]
     differ = model_differences(here, there)
     if differ:

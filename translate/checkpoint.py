@@ -87,6 +87,14 @@ def link(src: Path, dst: Path) -> None:
     os.replace(tmp, dst)
 
 
+def check_distinct(paths: list[Path]) -> None:
+    """A UserError where two of `paths` are one file (best.pt and last.pt are often hard links of a
+    step checkpoint): averaging or ensembling a model with itself only costs time."""
+    for i, later in enumerate(paths):
+        if twin := next((p for p in paths[:i] if p.exists() and later.exists() and p.samefile(later)), None):
+            raise UserError(f"{twin} and {later} are the same checkpoint (one file); give distinct ones")
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Read and check a checkpoint; every way it can be wrong is one UserError line."""
     path = Path(path)

@@ -168,19 +168,21 @@ def _load_cfg(config: Path, overrides: Optional[list[str]]):
     return load_config(config, overrides or [])
 
 
-def _refuse_run_elsewhere(config: Path, cfg) -> None:
-    """--resume with the config.yaml of a run that has trained, whose run_dir and name (not set on the
-    command line) make another run from this directory (run_dir is relative to the working directory,
-    or the run was copied): refused, rather than a new run from step 0 or another run resumed."""
+def _refuse_run_elsewhere(config: Path, cfg, doing: str = "resume") -> None:
+    """--resume (or prepare) with the config.yaml of a run that has trained (or prepared), whose run_dir
+    and name (not set on the command line) make another run from this directory (run_dir is relative
+    to the working directory, or the run was copied): refused, rather than a new run from step 0,
+    another run resumed, or a stray run directory."""
     from translate.checkpoint import newest_checkpoint
 
     if not config.is_dir() and config.name != "config.yaml":  # not a run's own config
         return
     home = (config if config.is_dir() else config.parent).absolute()
-    if newest_checkpoint(home / "checkpoints") is None or home.resolve() == cfg.run_path.resolve():
+    used = newest_checkpoint(home / "checkpoints") is not None or (doing == "prepare" and (home / "data").is_dir())
+    if not used or home.resolve() == cfg.run_path.resolve():
         return
     raise UserError(
-        f"cannot resume: {home} is the run of this config, but run_dir and name ({cfg.run_dir}, {cfg.name}) make "
+        f"cannot {doing}: {home} is the run of this config, but run_dir and name ({cfg.run_dir}, {cfg.name}) make "
         f"{cfg.run_path} from here: run it from the directory it was trained in, or add --set run_dir={home.parent} "
         f"--set name={home.name}"
     )
@@ -256,6 +258,8 @@ def prepare(
     from translate.rundir import RunLock, check_run_layout, prepare_config
 
     cfg = _load_cfg(config, [*(set_ or []), *([f"train.init_from={init_from}"] if init_from else [])])
+    if not any(o.replace(" ", "").startswith(("run_dir=", "name=")) for o in set_ or []):
+        _refuse_run_elsewhere(config, cfg, "prepare")  # before anything is written
     _log_to_file(cfg.run_path / "prepare.log")
     lock = RunLock(cfg.run_path)  # a training of this run reads the data that preparing would replace
     check_run_layout(cfg.run_path)
@@ -525,7 +529,7 @@ def average(
     run: Annotated[Optional[Path], typer.Option("--run", help="Run dir (RUN_DIR/NAME) for --last.")] = None,
 ) -> None:
     """Average the weights of several checkpoints (often better than any one of them)."""
-    from translate.checkpoint import STEP_FILE, atomic_save, average_checkpoints, step_checkpoints
+    from translate.checkpoint import STEP_FILE, atomic_save, average_checkpoints, check_distinct, step_checkpoints
     from translate.textio import check_output_path
 
     if last is not None:
@@ -548,9 +552,7 @@ def average(
         paths = list(checkpoints or [])
     if len(paths) < 2:
         raise UserError("average needs at least two checkpoints (or --last N --run RUN_DIR/NAME)")
-    for i, later in enumerate(paths):  # best.pt and last.pt are often hard links of a step checkpoint
-        if twin := next((p for p in paths[:i] if p.exists() and later.exists() and p.samefile(later)), None):
-            raise UserError(f"{twin} and {later} are the same checkpoint (one file); give distinct ones")
+    check_distinct(paths)
     path = check_output_path(output, "--output", paths)  # before the inputs are read: a mistake costs no time
     own = path.name in ("best.pt", "last.pt") or STEP_FILE.fullmatch(path.name)
     where = path.absolute().parent

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from translate.checkpoint import load_model
+from translate.checkpoint import check_distinct, load_model
 from translate.config import Config
 from translate.errors import UserError
 from translate.hardware import DTYPES, c_library, choose_decode_dtype
@@ -38,6 +38,7 @@ def load_models(
     if not checkpoints:
         raise UserError("give at least one checkpoint")
     dtype = check_precision(torch.device(device), dtype, quantize)
+    check_distinct([Path(c) for c in checkpoints])
     models, tokenizers, configs = zip(*(load_model(path, device) for path in checkpoints), strict=True)
     for path, tokenizer in zip(checkpoints[1:], tokenizers[1:], strict=True):
         if tokenizer.model_bytes != tokenizers[0].model_bytes:

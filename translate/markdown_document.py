@@ -23,14 +23,17 @@ start Markdown syntax (`* _ [ ] < \\` and a backquote, `|` in a table, `#`, `>`,
 from __future__ import annotations
 
 import functools
+import logging
 import re
 from collections.abc import Callable
 
 from markdown_it import MarkdownIt
 from markdown_it.common.utils import normalizeReference
 
-from translate.markup import Markup, translate_blocks
+from translate.markup import Markup, has_no_letter, translate_blocks
 from translate.protect import MARKUP, PATTERNS
+
+log = logging.getLogger("translate")
 
 _SYNTAX = [
     r"(`+)[\s\S]*?(?<!`)\1(?!`)",  # a code span
@@ -158,20 +161,30 @@ def translate_markdown(text: str, translate_batch: Callable[[list[str]], list[st
     shapes = [_shape(source, env) for source in sources]
     outputs = [_wrap(markup, t, len(g), is_cell) for (g, is_cell), t in zip(groups, translations)]
     broken = [i for i, out in enumerate(outputs) if _shape("\n".join(out), env) != shapes[i]]
+    untranslated = 0  # runs of text that stay as they were
     if broken:  # where the model's placement breaks the syntax, the text between it is translated apart
         runs = [re.split(f"({MARKUP.pattern})", blocks[i]) for i in broken]
         done = iter(translate_blocks([run for pieces in runs for run in pieces[::2]], translate_batch, **split))
         for i, pieces in zip(broken, runs):
             args = (markup, pieces, len(groups[i][0]), groups[i][1], env, shapes[i])
-            sources_i, translated = pieces[::2], [next(done) for _ in pieces[::2]]
-            # a run whose translation alone breaks the syntax (its edges change a delimiter's
-            # flanking), or that came back empty, stays as it was
-            keep = [
-                (not t.strip() and bool(s.strip())) or _fits(*args, sources_i[:k] + [t] + sources_i[k + 1 :]) is None
-                for k, (s, t) in enumerate(zip(sources_i, translated))
-            ]
-            texts = [s if kept else t for s, t, kept in zip(sources_i, translated, keep)]
-            outputs[i] = _fits(*args, texts) or sources[i].split("\n")  # still broken: the source stays
+            texts, left = pieces[::2], 0
+            # each run's translation in turn, kept where the block still has its syntax with it (a
+            # run's edges can change a delimiter's flanking) and where it is not empty; else the run
+            # stays as it was
+            for k in range(len(texts)):
+                t = next(done)
+                trial = texts[:k] + [t] + texts[k + 1 :]
+                if (t.strip() or not texts[k].strip()) and _fits(*args, trial) is not None:
+                    texts = trial
+                else:
+                    left += not has_no_letter(texts[k])
+            outputs[i] = _fits(*args, texts) or sources[i].split("\n")  # the source's own runs: it fits
+            untranslated += left
+    if untranslated:
+        log.warning(
+            f"markdown: {untranslated} piece{'s' * (untranslated > 1)} of text kept untranslated: the model's "
+            "translation would have changed the document's syntax there (emphasis, links, code spans)"
+        )
     edits: dict[int, list[tuple[int, int, str | None]]] = {}
     for (group, _), wrapped in zip(groups, outputs):
         if len(wrapped) < len(group):  # lines dropped: a hard break that ended the block ends its new last line

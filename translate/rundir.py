@@ -55,10 +55,11 @@ def check_run_dir(cfg: Config, resume: bool, saved: dict[str, Any] | None = None
             f"continue from last.pt (ln {newest} {last}){'' if resume else ' and add --resume'}, or train under "
             "another name (--set name=...)"
         )
-    earlier = [p for p in (newest, run / "tb") if p is not None and p.exists()]
-    if earlier and not resume:
+    # TensorBoard events without a checkpoint are a start that failed before its first one (a
+    # mistake in the data, a divergence): nothing to continue, the run starts again (its curves too)
+    if newest is not None and not resume:
         raise UserError(
-            f"{run} already holds a training run ({earlier[0]}): add --resume to continue it, "
+            f"{run} already holds a training run ({newest}): add --resume to continue it, "
             f"or train under another name (--set name=...)"
         )
     if not (resume and last.is_file()):

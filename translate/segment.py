@@ -31,8 +31,8 @@ pysbd has had no release since 2021. On top of it, these rules:
   address, a number: translate/protect.py) is dropped;
 - a sentence longer than `max_tokens` (counted by `count_tokens`, e.g. the model's pieces) is cut
   in two at the clause punctuation (`,;:` and dashes, followed by a space) nearest its middle, or
-  else at the space nearest its middle, again until every part fits; a part without any space is
-  left as it is (the decoder then cuts it to the model's positions).
+  else at the space nearest its middle, or else (a part without any space) at its middle
+  character, again until every part fits; the parts join back without a space where there was none.
 
 A line of one sentence (within the budget) is translated exactly as without splitting.
 """
@@ -40,6 +40,7 @@ A line of one sentence (within the budget) is translated exactly as without spli
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable, Sequence
 
 import sentencex
@@ -151,11 +152,17 @@ def fit_budget(
         return [(0, len(sentence))]
     middle = len(sentence) / 2
     cuts = [m.end() for m in _CLAUSE.finditer(sentence)] or [m.start() for m in _SPACE.finditer(sentence)]
-    if not cuts:
-        return [(0, len(sentence))]
+    if not cuts:  # no space at all (a long token, a language written without spaces): the middle character
+        cut = len(sentence) // 2
+        while cut > 1 and unicodedata.combining(sentence[cut]):  # not between a letter and its accent
+            cut -= 1
+        if cut < 1:
+            return [(0, len(sentence))]
+        cuts = [cut]
     cut = min(cuts, key=lambda i: abs(i - middle))
     left = sentence[:cut].rstrip()
-    right_start = _SPACE.match(sentence, cut).end()
+    space = _SPACE.match(sentence, cut)
+    right_start = space.end() if space else cut
     right = sentence[right_start:]
     return fit_budget(left, max_tokens, count_tokens) + [
         (right_start + a, right_start + b) for a, b in fit_budget(right, max_tokens, count_tokens)

@@ -100,6 +100,7 @@ class PlannedUpdate:
 
     epoch: int
     position: int  # the epoch's next global batch after this update
+    epoch_batches: int  # the global batches of the epoch
     batches: list[Batch]  # this rank's
     all_ntokens: int  # target tokens of every rank's batches (from their lengths: no collective)
     last: bool  # the last update of train.max_epochs
@@ -377,7 +378,8 @@ class Trainer:
                 position += per_update
                 last = t.max_epochs is not None and epoch + 1 == t.max_epochs and position + per_update > len(batches)
                 mine = [self.collate(b) for b in shard_batches(group, self.rank, self.world)]
-                yield PlannedUpdate(epoch, position, mine, int(sum(tgt_lens[b].sum() for b in group)), last)
+                all_ntokens = int(sum(tgt_lens[b].sum() for b in group))
+                yield PlannedUpdate(epoch, position, len(batches), mine, all_ntokens, last)
             epoch, position = epoch + 1, 0
 
     # ------------------------------------------------------------------------ one update
@@ -551,6 +553,8 @@ class Trainer:
             reason = f"already at train.max_steps={t.max_steps}"
         elif self.agree()[1]:
             reason = f"already past train.max_time={t.max_time} ({s.elapsed / 60:.1f} min trained)"
+        if reason is None:
+            self._same_share_of_the_epoch()
         updates = Prefetcher(self.planned_updates(s.epoch, s.position), PREFETCH) if reason is None else None
         self.model.train()
         try:
@@ -583,6 +587,26 @@ class Trainer:
         self.close(then=self._tune_length_penalty)
         return self.metrics
 
+    def _same_share_of_the_epoch(self) -> None:
+        """A run resumed with batches of another size (train.max_tokens changed, or another precision's
+        entry of it) packs its epoch into another number of batches, which the saved position does not
+        index: it goes on at the same share of the epoch (not the same sentences: each epoch's batches
+        are in a random order, so the rest of the epoch is about as fresh)."""
+        s = self.state
+        if s.epoch_batches is None or not s.position:
+            return
+        n = len(self.epoch_batches(s.epoch))
+        if n == s.epoch_batches:
+            return
+        position = min(round(s.position * n / s.epoch_batches), n)
+        if self.main:
+            log.warning(
+                f"epoch {s.epoch} now has {n} batches (of {self.max_tokens} tokens, over {self.world} "
+                f"process{'es' * (self.world > 1)}) where the run had {s.epoch_batches}; it goes on at the same share "
+                f"of it (batch {position} for {s.position})"
+            )
+        s.position, s.epoch_batches = position, n
+
     def _train_step(self, planned: PlannedUpdate, stopper: StopRequest) -> str | None:
         """One update, then what follows it (logging, validation, checkpoint); returns why to stop, if so."""
         t, s = self.cfg.train, self.state
@@ -591,7 +615,12 @@ class Trainer:
         seconds = time.perf_counter() - start
         self.clock.updates += seconds
         self.speed.add(result, seconds)
-        s.epoch, s.position, s.step = planned.epoch, planned.position, s.step + 1
+        s.epoch, s.position, s.epoch_batches, s.step = (
+            planned.epoch,
+            planned.position,
+            planned.epoch_batches,
+            s.step + 1,
+        )
         self.logger.advance()
         if s.step % t.log_every == 0:
             self.log_train()

@@ -28,8 +28,8 @@ class TensorboardLogger:
         self.writer: SummaryWriter | None = None
         self.bar: tqdm | None = None
         if main:
-            if resume:
-                truncate_events(tb_dir, step)  # the curves continue from the checkpoint's step
+            if resume or step == 0:  # the curves continue from the checkpoint's step (at 0: those of a failed start go)
+                truncate_events(tb_dir, step)
             self.writer = SummaryWriter(tb_dir)
 
     def open_bar(self, step: int, max_steps: int) -> None:
