@@ -286,6 +286,8 @@ def steady_state(trainer: Trainer, n: int, peak: float) -> dict[str, float | str
             tokens += planned.all_ntokens
             timed += planned.batches
     sync(device)
+    if start is None:
+        raise RuntimeError("no update to time: the epoch gave none")
     wall = (time.perf_counter() - start) / n
     flops = sum(model_flops(trainer.model, b) for b in timed)
     shapes = {(b.src.size(0), b.src.size(1), b.tgt_in.size(1)) for b in timed}

@@ -812,6 +812,11 @@ def test_resume_from_another_directory_is_refused_not_a_new_run(cli, trained_run
     code, _, err = cli("prepare", "--config", home)  # would prepare a stray run here (its log, its lock)
     assert_one_error(code, err, "cannot prepare", home, f"--set run_dir={home.parent} --set name={run.name}")
     assert not (tmp_path / "runs").exists()
+    project = tmp_path / "project2"  # a project's own config.yaml beside its own data/ is no run
+    (project / "data").mkdir(parents=True)
+    shutil.copy(tiny_config(tmp_path, name="mine"), project / "config.yaml")
+    code, _, err = cli("prepare", "--config", project / "config.yaml")
+    assert code == 0, err
     monkeypatch.chdir(tmp_path / "project")
     code, _, err = cli("train", "--config", config, "--resume", "--set", "train.max_steps=8")
     assert code == 0 and "already at train.max_steps=8" in err, err

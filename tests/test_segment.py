@@ -83,9 +83,14 @@ def test_a_long_sentence_is_cut_at_clause_punctuation_then_spaces():
     parts = [words[a:b] for a, b in fit_budget(words, 6)]
     assert all(len(p.split()) <= 6 for p in parts) and " ".join(parts) == words
     assert fit_budget("x" * 50, 20, len) == [(0, 12), (12, 25), (25, 37), (37, 50)]  # no space: at the middle
-    accented = "e\u0301" * 10  # a letter and its combining accent are not parted
-    assert all(accented[a] == "e" for a, _ in fit_budget(accented, 5, len))
-    assert fit_budget("x", 0, len) == [(0, 1)]  # a part of one character stays whole
+    for joined in (
+        "e\u0301" * 10,
+        "\u0e01\u0e34" * 5,
+        "\U0001f468\u200d\U0001f469" * 4,
+    ):  # an accent, a Thai vowel, ZWJ
+        parts = fit_budget(joined, 5, len)
+        assert all(joined[a] == joined[0] for a, _ in parts) and parts[-1][1] == len(joined), (joined, parts)
+    assert fit_budget("x", 0, len) == [(0, 1)] and fit_budget("e\u0301", 0, len) == [(0, 2)]  # kept whole
     sentences, gaps = split_sentences(f"Short one. {sentence}", max_tokens=6)
     assert sentences[0] == "Short one." and len(sentences) == 4
     assert join_sentences(sentences, gaps) == f"Short one. {sentence}"

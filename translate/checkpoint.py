@@ -9,7 +9,7 @@ A checkpoint is a dict saved with `torch.save`:
     spm_model     the SentencePiece model's bytes
     model         model weights (state_dict)
     step, epoch   where training stands (for `translate info`)
-    progress      update count, epoch, position of the next batch, best score and its step,
+    progress      update count, epoch, position of the next batch (and the epoch's batches), best score and its step,
                   evaluations without improvement, skipped updates
     optimizer, scheduler, scaler   training state (absent in averaged checkpoints)
     rng           python, numpy, torch (and cuda) random states, one per process

@@ -178,7 +178,8 @@ def _refuse_run_elsewhere(config: Path, cfg, doing: str = "resume") -> None:
     if not config.is_dir() and config.name != "config.yaml":  # not a run's own config
         return
     home = (config if config.is_dir() else config.parent).absolute()
-    used = newest_checkpoint(home / "checkpoints") is not None or (doing == "prepare" and (home / "data").is_dir())
+    prepared = (home / "spm.model").is_file()  # a run's vocabulary: a project's own data/ is no run
+    used = newest_checkpoint(home / "checkpoints") is not None or (doing == "prepare" and prepared)
     if not used or home.resolve() == cfg.run_path.resolve():
         return
     raise UserError(

@@ -142,6 +142,11 @@ def _words(text: str) -> int:
     return len(text.split())
 
 
+def _joined(text: str, i: int) -> bool:
+    """Whether text[i] belongs with the character before it: a combining mark or a zero-width joiner's."""
+    return unicodedata.category(text[i]).startswith("M") or "\u200d" in text[i - 1 : i + 1]
+
+
 def fit_budget(
     sentence: str, max_tokens: int, count_tokens: Callable[[str], int] | None = None
 ) -> list[tuple[int, int]]:
@@ -154,9 +159,9 @@ def fit_budget(
     cuts = [m.end() for m in _CLAUSE.finditer(sentence)] or [m.start() for m in _SPACE.finditer(sentence)]
     if not cuts:  # no space at all (a long token, a language written without spaces): the middle character
         cut = len(sentence) // 2
-        while cut > 1 and unicodedata.combining(sentence[cut]):  # not between a letter and its accent
+        while cut > 0 and _joined(sentence, cut):  # not between a letter and its mark (an accent, a vowel sign)
             cut -= 1
-        if cut < 1:
+        if cut == 0:
             return [(0, len(sentence))]
         cuts = [cut]
     cut = min(cuts, key=lambda i: abs(i - middle))

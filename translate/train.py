@@ -100,7 +100,7 @@ class PlannedUpdate:
 
     epoch: int
     position: int  # the epoch's next global batch after this update
-    epoch_batches: int  # the global batches of the epoch
+    epoch_batches: int  # the global batches the epoch was packed into (before the ranks' share is cut)
     batches: list[Batch]  # this rank's
     all_ntokens: int  # target tokens of every rank's batches (from their lengths: no collective)
     last: bool  # the last update of train.max_epochs
@@ -356,9 +356,13 @@ class Trainer:
         batch = collate(self.train_data, indices, self.padding.pad, project_multiple=self.padding.project)
         return batch.pin_memory() if self.device.type == "cuda" else batch
 
-    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+    def packed_batches(self, epoch: int) -> list[np.ndarray]:
+        """The epoch's global batches as packed, before they are shared out between the ranks."""
         lens = self.train_data.src_lens, self.train_data.tgt_lens
-        batches = token_batches(*lens, self.max_tokens, self.cfg.seed, epoch, pad_to_multiple=self.padding.pack)
+        return token_batches(*lens, self.max_tokens, self.cfg.seed, epoch, pad_to_multiple=self.padding.pack)
+
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        batches = self.packed_batches(epoch)
         return batches[: len(batches) - len(batches) % self.world]
 
     def planned_updates(self, epoch: int, position: int) -> Iterator[PlannedUpdate]:
@@ -367,7 +371,8 @@ class Trainer:
         t = self.cfg.train
         per_update, tgt_lens = t.accumulate * self.world, self.train_data.tgt_lens
         while t.max_epochs is None or epoch < t.max_epochs:
-            batches = self.epoch_batches(epoch)
+            packed = self.packed_batches(epoch)
+            batches = packed[: len(packed) - len(packed) % self.world]  # (epoch_batches)
             if len(batches) < per_update:
                 raise UserError(
                     f"the train split gives {len(batches)} batches of train.max_tokens={self.max_tokens} tokens, "
@@ -379,7 +384,7 @@ class Trainer:
                 last = t.max_epochs is not None and epoch + 1 == t.max_epochs and position + per_update > len(batches)
                 mine = [self.collate(b) for b in shard_batches(group, self.rank, self.world)]
                 all_ntokens = int(sum(tgt_lens[b].sum() for b in group))
-                yield PlannedUpdate(epoch, position, len(batches), mine, all_ntokens, last)
+                yield PlannedUpdate(epoch, position, len(packed), mine, all_ntokens, last)
             epoch, position = epoch + 1, 0
 
     # ------------------------------------------------------------------------ one update
@@ -595,7 +600,7 @@ class Trainer:
         s = self.state
         if s.epoch_batches is None or not s.position:
             return
-        n = len(self.epoch_batches(s.epoch))
+        n = len(self.packed_batches(s.epoch))  # another world size cuts another tail off the same list
         if n == s.epoch_batches:
             return
         position = min(round(s.position * n / s.epoch_batches), n)

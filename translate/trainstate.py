@@ -30,7 +30,7 @@ class TrainState:
     step: int = 0
     epoch: int = 0
     position: int = 0
-    epoch_batches: int | None = None  # how many global batches `epoch` has (position's list; None: not known)
+    epoch_batches: int | None = None  # the global batches `epoch` was packed into (None: not known)
     best: float | None = None
     best_step: int = 0
     bad_evals: int = 0
