@@ -361,9 +361,12 @@ class Trainer:
         lens = self.train_data.src_lens, self.train_data.tgt_lens
         return token_batches(*lens, self.max_tokens, self.cfg.seed, epoch, pad_to_multiple=self.padding.pack)
 
-    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        batches = self.packed_batches(epoch)
+    def ranks_share(self, batches: list[np.ndarray]) -> list[np.ndarray]:
+        """The packed batches that the ranks share: the tail that would leave some rank without one cut."""
         return batches[: len(batches) - len(batches) % self.world]
+
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        return self.ranks_share(self.packed_batches(epoch))
 
     def planned_updates(self, epoch: int, position: int) -> Iterator[PlannedUpdate]:
         """Every update from global batch `position` of `epoch` on, to train.max_epochs: each takes the
@@ -372,7 +375,7 @@ class Trainer:
         per_update, tgt_lens = t.accumulate * self.world, self.train_data.tgt_lens
         while t.max_epochs is None or epoch < t.max_epochs:
             packed = self.packed_batches(epoch)
-            batches = packed[: len(packed) - len(packed) % self.world]  # (epoch_batches)
+            batches = self.ranks_share(packed)
             if len(batches) < per_update:
                 raise UserError(
                     f"the train split gives {len(batches)} batches of train.max_tokens={self.max_tokens} tokens, "
