@@ -18,6 +18,7 @@ from translate.batching import round_up
 from translate.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, load_model, step_checkpoints
 from translate.config import config_from_dict, load_config
 from translate.errors import UserError
+from translate.rundir import RunLock
 from translate.syncs import SyncCounter
 from translate.tokenizer import PAD
 from translate.train import Trainer, lr_lambda
@@ -323,9 +324,21 @@ def test_non_finite_updates_are_skipped_then_stop(tmp_path, monkeypatch):
         assert torch.equal(v, moments[k]), k
     with pytest.raises(UserError, match=r"^4 updates in a row had a non-finite loss or gradient at step 4"):
         t.fit()  # 2 in a row at the log of step 2, 4 at step 4
+    RunLock(t.run).release()  # the run's lock was freed with the error, not left to the Trainer's collection
     assert t.state.skipped == t.state.step == 4
     for k, v in t.model.state_dict().items():
         assert torch.equal(v, weights[k]), k
+
+
+def test_a_trainer_refused_in_setup_frees_the_run_for_the_corrected_config(tmp_path):
+    """In one process (a library user, a notebook): the mistake is refused after the run's lock was taken
+    (here the data are missing), and the corrected config trains the same run at once."""
+    wrong = load_config(tiny_config(tmp_path, name="fix", data={"train": str(tmp_path / "missing")}))
+    with pytest.raises(UserError, match="missing") as refused:
+        Trainer(wrong, resume=False)
+    t = Trainer(cfg_for(tmp_path, "fix", max_steps=2), resume=False)  # the refused one still alive in its traceback
+    t.fit()
+    assert t.state.step == 2 and refused.traceback
 
 
 @pytest.mark.slow  # trains end to end: `make test-all` and CI run it

@@ -28,6 +28,8 @@ class RunLock:
             raise UserError(f"{run} is in use by another training (it holds {run}/.lock)") from None
 
     def release(self) -> None:
+        if self.file.closed:  # released already
+            return
         fcntl.flock(self.file, fcntl.LOCK_UN)
         self.file.close()
 

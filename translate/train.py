@@ -168,11 +168,15 @@ class Trainer:
         self.clock = Clock()
         setup_start = time.perf_counter()
         self._join(cfg)
-        self._prepare(cfg, resume, saved)
-        self._load_data(cfg)
-        self._build(cfg, saved, init)
-        del init, saved
-        self.logger = TensorboardLogger(self.run / "tb", self.main, self.state.step, resume)
+        try:
+            self._prepare(cfg, resume, saved)
+            self._load_data(cfg)
+            self._build(cfg, saved, init)
+            del init, saved
+            self.logger = TensorboardLogger(self.run / "tb", self.main, self.state.step, resume)
+        except BaseException:
+            self._abandon()
+            raise
         if self.main:
             self._write_header(self.cfg)
         self.speed = Speedometer(self.device, self.state.skipped, self.state.window)
@@ -550,6 +554,13 @@ class Trainer:
     # ------------------------------------------------------------------------ main loop
 
     def fit(self) -> dict[str, float]:
+        try:
+            return self._fit()
+        except BaseException:
+            self._abandon()
+            raise
+
+    def _fit(self) -> dict[str, float]:
         t, s = self.cfg.train, self.state
         stopper = StopRequest()
         self.logger.open_bar(s.step, t.max_steps)
@@ -705,6 +716,16 @@ class Trainer:
         tune_checkpoint(
             best, v.sources, v.refs, grid, spec=EngineSpec([best], device=str(self.device)), skip_if_done=True
         )
+
+    def _abandon(self) -> None:
+        """After an error in setup or training: TensorBoard's files closed and the run's lock freed now,
+        not when this Trainer is collected (a library user may correct the mistake and train again in
+        the same process). No barrier: the other ranks may not reach one."""
+        self.closed = True
+        if getattr(self, "logger", None) is not None:
+            self.logger.close()
+        if getattr(self, "lock", None) is not None:
+            self.lock.release()
 
     def close(self, then: Callable[[], object] | None = None) -> None:
         """The end of the run: TensorBoard files closed, process group left, `then` run by rank 0,
