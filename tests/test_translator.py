@@ -60,3 +60,27 @@ def test_translate_texts_refuses_an_unknown_format_and_one_string(model, tokeniz
         translate_texts(engine, ["<p>Amen.</p>"], format="HTML")
     with pytest.raises(TypeError, match="not one str"):
         translate_texts(engine, "Amen.")
+
+
+def test_a_url_too_long_for_the_model_is_one_protected_span_not_cut():
+    """The budget that cuts a sentence too long for the model counts what the model gets: a URL of
+    more pieces than its positions is one placeholder, so the sentence is not cut and the URL comes
+    back whole (cut, its second half went through the model as text)."""
+    import random
+
+    from tests.conftest import WORDS, tiny_model
+    from translate.protect import CLASSES, placeholder_symbols
+    from translate.tokenizer import Tokenizer
+
+    rng = random.Random(0)
+    sentences = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) for _ in range(300)]
+    tokenizer = Tokenizer.train(sentences, vocab_size=60, user_symbols=placeholder_symbols())
+    engine = Engine.from_model(tiny_model(tokenizer.vocab_size, max_positions=32), tokenizer, protect=CLASSES)
+    url = "https://example.com/" + "".join(rng.choice("abcxyz019") for _ in range(120))
+    assert len(tokenizer.encode([url])[0]) > engine.max_pieces
+    for line in (url, f"the cat sees {url} now"):
+        (out,) = translate_texts(engine, [line])
+        assert out.count(url) == 1, out
+    engine.protect = ()  # --no-protect: the URL is text, cut until its parts fit
+    (out,) = translate_texts(engine, [url])
+    assert url not in out

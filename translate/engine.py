@@ -57,6 +57,8 @@ class TranslationEngine(Protocol):
     defaults: SearchOptions  # the search options of a call that gives none
     tokenizer: Tokenizer  # the models' vocabulary (segment.py counts a sentence's pieces in it)
     max_pieces: int  # source pieces the models take
+    protect: tuple[str, ...]  # the span classes copied verbatim (segment.py counts each span as its placeholder)
+    glossary: Terms | None  # the terms of a call that gives none
 
     @property
     def queued(self) -> int:

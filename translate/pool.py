@@ -9,7 +9,7 @@ outstanding, and a reader thread per process answers the futures. A process that
 requests it held; the others go on. `open_engine` chooses between it and an in-process `Engine`.
 
 The pipe protocol, parent to process: ("job", id, texts, options), ("cancel", id), ("hurry",), ("stop",); process to
-parent: ("ready", defaults, max source pieces, the vocabulary's bytes) or ("failed", message) once loaded, then ("taken", n), ("done", id,
+parent: ("ready", defaults, max source pieces, the vocabulary's bytes, the protected classes, the default glossary) or ("failed", message) once loaded, then ("taken", n), ("done", id,
 translations), ("failed", id, message), ("cancelled", id), and ("stopped",) last. ("cancel", id), sent when a
 request's future is cancelled (its client gone), drops the request if its process has not taken it into a search.
 """
@@ -86,6 +86,7 @@ class ProcessEngine:
         # what segment.py needs to cut a sentence too long for the models, as `decode` does
         self.max_pieces: int = replies[0][2]
         self.tokenizer = Tokenizer(replies[0][3])
+        self.protect, self.glossary = replies[0][4], replies[0][5]  # the spans it protects, its default terms
         self.outstanding = [0] * spec.workers  # sentences sent to each process and not answered
         self.waiting = [0] * spec.workers  # of those, the ones not yet taken into its search
         self.futures: dict[int, tuple[Future, int, int]] = {}  # request id -> (future, process, sentences)
@@ -265,7 +266,7 @@ def decoding_process(conn, spec: EngineSpec) -> None:
         on_take=lambda n: send(("taken", n)),
     )  # fmt: skip
     batcher.start()
-    send(("ready", engine.defaults, engine.max_pieces, engine.tokenizer.model_bytes))
+    send(("ready", engine.defaults, engine.max_pieces, engine.tokenizer.model_bytes, engine.protect, engine.glossary))
 
     jobs: dict[int, Future] = {}  # the batcher's future of each request not yet answered
 

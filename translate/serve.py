@@ -212,7 +212,7 @@ async def translate_request(engine: TranslationEngine, r: TranslateRequest) -> l
     if r.whole:
         return await asyncio.wrap_future(engine.submit(r.texts, r.search, r.glossary))
     if r.format == "text":
-        splits = [split_sentences(text, **sentence_budget(engine)) for text in r.texts]
+        splits = [split_sentences(text, **sentence_budget(engine, r.glossary)) for text in r.texts]
         flat = [s for sentences, _ in splits for s in sentences]
         done = iter(first_best(await asyncio.wrap_future(engine.submit(flat, r.search, r.glossary))) if flat else [])
         return [[(join_sentences([next(done) for _ in s], gaps, outer=False), 0.0)] for s, gaps in splits]

@@ -23,7 +23,7 @@ from translate.documents import FORMATS, format_of, translate_document
 from translate.engine import Engine, EngineSpec, TranslationEngine, first_best
 from translate.errors import UserError
 from translate.options import SearchOptions
-from translate.protect import Terms
+from translate.protect import Terms, has_placeholders, mask
 from translate.segment import translate_paragraphs
 from translate.textio import (
     atomic_write,
@@ -38,13 +38,21 @@ from translate.textio import (
 )
 
 
-def sentence_budget(engine: TranslationEngine) -> dict:
+def sentence_budget(engine: TranslationEngine, glossary: Terms | None = None) -> dict:
     """How segment.py cuts a sentence too long for the models: their source positions, counted in
-    the engine's pieces (an Engine's, or a ProcessEngine's copy of its processes' vocabulary)."""
+    the engine's pieces (an Engine's, or a ProcessEngine's copy of its processes' vocabulary) of the
+    sentence as the models get it, each protected span (URL, tag, a term of `glossary` or the engine's)
+    one placeholder: a long URL is no reason to cut, and is never cut."""
     tokenizer = getattr(engine, "tokenizer", None)
     if tokenizer is None:
         return {}
-    return {"max_tokens": engine.max_pieces, "count_tokens": lambda s: len(tokenizer.encode([s])[0])}
+    masking = has_placeholders(tokenizer)  # as the engine's Protector does
+    terms = glossary or engine.glossary
+
+    def count(sentence: str) -> int:
+        return len(tokenizer.encode([mask(sentence, engine.protect, terms)[0] if masking else sentence])[0])
+
+    return {"max_tokens": engine.max_pieces, "count_tokens": count}
 
 
 def translate_texts(
@@ -77,9 +85,11 @@ def translate_texts(
     if isinstance(texts, (str, bytes)):
         raise TypeError(f"texts must be a list of str, not one {type(texts).__name__}")
     if format != "text":
-        return [translate_document(text, format, translate_batch, **sentence_budget(engine)) for text in texts]
+        return [
+            translate_document(text, format, translate_batch, **sentence_budget(engine, glossary)) for text in texts
+        ]
     if split:
-        return translate_paragraphs(texts, translate_batch, **sentence_budget(engine))
+        return translate_paragraphs(texts, translate_batch, **sentence_budget(engine, glossary))
     return translate_batch(texts)
 
 
