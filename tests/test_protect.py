@@ -17,6 +17,7 @@ from translate.protect import (
     find_spans,
     has_placeholders,
     mask,
+    mask_sentence,
     placeholder,
     placeholder_symbols,
     repair,
@@ -44,7 +45,9 @@ CASES = [  # text, the protected spans (texts, left to right)
     ('<img src="logo.png" alt="Logo"/>', ['<img src="logo.png" alt="Logo"/>']),
     ("a < b and c > d", []),
     ("See https://example.com/path.", ["https://example.com/path"]),
-    ("(https://example.com/a_(b)), or www.example.org/x!", ["https://example.com/a_(b", "www.example.org/x"]),
+    ("(https://example.com/a_(b)), or www.example.org/x!", ["https://example.com/a_(b)", "www.example.org/x"]),
+    ("See http://en.wikipedia.org/wiki/Foo_(bar) (or not).", ["http://en.wikipedia.org/wiki/Foo_(bar)"]),
+    ("(see http://x.org/a) and http://x.org/b(c d", ["http://x.org/a", "http://x.org/b"]),  # unbalanced: left out
     (
         "Is it http://localhost:8080/status? Yes: ftp://f.example.com/pub;",
         ["http://localhost:8080/status", "ftp://f.example.com/pub"],
@@ -60,6 +63,12 @@ CASES = [  # text, the protected spans (texts, left to right)
     (r"Open C:\Users\me\file.txt. Or \\server\share\data.csv", [r"C:\Users\me\file.txt", r"\\server\share\data.csv"]),
     ("Pay 1,299.99 for 3 items, v1.2.3 and 2.", ["1,299.99", "3", "2"]),
     ("Version 1.2.3 is out", ["1.2.3"]),
+    # dates, times, telephone numbers, ranges and signs whole; a hyphen after a word is no sign
+    (
+        "On 2024-01-15 (15/01/2024) at 10:30, call 555-1234: -5 to +3.5",
+        ["2024-01-15", "15/01/2024", "10:30", "555-1234", "-5", "+3.5"],
+    ),
+    ("COVID-19, a 5-year plan, pages 10-20", ["19", "5", "10-20"]),
     ("<b>{name}</b>%s%d", ["<b>", "{name}", "</b>", "%s", "%d"]),  # adjacent spans
     ("<i>%s</i>", ["<i>", "%s", "</i>"]),
     ('<a href="http://x.org/3">3</a>', ['<a href="http://x.org/3">', "3", "</a>"]),  # nested: the tag holds the URL
@@ -137,15 +146,26 @@ def test_repair(output, n, expected, changed):
     assert repair(output, n) == (expected, changed)
 
 
-def test_missing_placeholders_that_touch_in_the_source_touch_again():
+def test_spans_that_touch_share_one_placeholder_which_repair_keeps_whole():
     source, spans = mask("Click <b>%s</b> in the console, then %s %d.")
-    assert source == "Click ⦅0⦆⦅1⦆⦅2⦆ in the console, then ⦅3⦆ ⦅4⦆."
-    fixed, changed = repair("Cliquez dans la console.", len(spans), source)
-    assert changed and fixed == "Cliquez dans la console ⦅0⦆⦅1⦆⦅2⦆ ⦅3⦆ ⦅4⦆."
+    assert source == "Click ⦅0⦆ in the console, then ⦅1⦆ ⦅2⦆." and spans == ["<b>%s</b>", "%s", "%d"]
+    fixed, changed = repair("Cliquez dans la console.", len(spans))
+    assert changed and fixed == "Cliquez dans la console ⦅0⦆ ⦅1⦆ ⦅2⦆."
     assert unmask(fixed, spans) == "Cliquez dans la console <b>%s</b> %s %d."
-    assert (
-        repair("Cliquez ⦅1⦆ dans la console.", len(spans), source)[0] == "Cliquez ⦅1⦆ dans la console ⦅0⦆ ⦅2⦆ ⦅3⦆ ⦅4⦆."
-    )
+    assert repair("Cliquez ⦅1⦆ dans la console.", len(spans))[0] == "Cliquez ⦅1⦆ dans la console ⦅0⦆ ⦅2⦆."
+
+
+def test_markup_around_the_whole_sentence_is_put_back_around_its_translation():
+    """A link (or an image, a heading's emphasis) that holds all of a sentence's text: the model gets
+    the text alone; markup inside the text keeps its placeholders."""
+    link, end = "\ue000", "\ue001"
+    whole = mask_sentence(f"{link}Home{end}")
+    assert (whole.text, whole.spans) == ("Home", []) and whole.restore("Accueil") == (f"{link}Accueil{end}", False)
+    assert mask_sentence(f" {link}see 42{end}.").text == " ⦅0⦆see ⦅1⦆."  # the full stop is text: kept whole
+    inner = mask_sentence(f"{link}Note:{end} the cat")
+    assert (inner.text, inner.head, inner.tail) == ("⦅0⦆Note:⦅1⦆ the cat", "", "")
+    assert mask_sentence(f"{link}{end}").text == "⦅0⦆"  # nothing to translate: no wrapping taken off
+    assert mask_sentence("Home").restore("Accueil") == ("Accueil", False)
 
 
 def test_repair_leaves_each_placeholder_exactly_once():

@@ -59,17 +59,19 @@ MAX_PLACEHOLDERS = 20  # spans beyond these in one line are left as they are
 OPEN, CLOSE = "\u2985", "\u2986"
 PLACEHOLDER = re.compile(f"{OPEN}(\\d+){CLOSE}")
 
-_END = r"[^\s<>\"'.,;:!?)\]}]"  # the last character of a URL: no trailing punctuation
+_END = r"[^\s<>\"'.,;:!?()\]}]"  # the last character of a URL: no trailing punctuation
+_PARENS = r"\([^\s<>\"'()]*\)"  # a balanced pair of brackets in a URL (wiki/Foo_(bar)), at its end too
 PATTERNS: dict[str, str] = {
     "printf": r"%\([A-Za-z_]\w*\)[-+0#]*\d*(?:\.\d+)?[diouxXeEfFgGcrsa]"
     r"|%(?:\d+\$)?[-+0#']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|t)?[diouxXeEfFgGaAcspn@]",
     "format": r"\{(?:[A-Za-z_]\w*(?:\.\w+|\[\w+\])*|\d*)(?:![rsa])?(?::[^{}]*)?(?:,\s*\w+(?:,[^{}]*)?)?\}",
     "tag": r"</?[A-Za-z][\w:.-]*(?:\s+[\w:.-]+(?:\s*=\s*(?:\"[^\"]*\"|'[^']*'|[^\s\"'=<>`]+))?)*\s*/?>",
-    "url": rf"\b(?:https?|ftp|file)://[^\s<>\"']*{_END}|\bwww\.[^\s<>\"']*{_END}",
+    "url": rf"\b(?:(?:https?|ftp|file)://|www\.)(?:[^\s<>\"'()]|{_PARENS})*(?:{_END}|{_PARENS})",
     "email": r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b",
     "path": r"(?<![\w/:.\\])(?:~|\.\.?)?(?:/[\w.-]*[\w-])+/?"
     r"|\b[A-Za-z]:\\(?:[\w.-]*[\w-]\\?)*|\\\\[\w.-]+(?:\\[\w.-]*[\w-])+",
-    "number": r"(?<![\w.,])\d+(?:[.,]\d+)*(?![\w])",
+    # a sign, groups of digits joined by . , - : / (3.14, 1,000, 2024-01-15, 10:30, 555-1234, 15/01/2024)
+    "number": r"(?<![\w.,])[+\-\u2212]?\d+(?:[.,:/\-]\d+)*(?![\w])",
 }
 _ESCAPES = {"printf": r"%%", "format": r"\{\{|\}\}"}  # consumed, never protected
 _COMPILED = {name: re.compile(p) for name, p in PATTERNS.items()}
@@ -153,14 +155,50 @@ def first_then_longest(spans: Iterable[Span]) -> list[Span]:
 def mask(text: str, classes: Sequence[str] = CLASSES, glossary: Terms | None = None) -> tuple[str, list[str]]:
     """Replace the protected spans by ⦅0⦆, ⦅1⦆ ... (left to right); return the text and what
     comes back in place of each (a span's original text, a term's target), item i for ⦅i⦆.
-    At most MAX_PLACEHOLDERS spans are replaced."""
-    spans = find_spans(text, classes, glossary)[:MAX_PLACEHOLDERS]
+    Spans that touch share one placeholder (`<b>cloud</b>` with a glossary's term: the model cannot
+    move the term out of its tags). At most MAX_PLACEHOLDERS placeholders are made."""
+    runs: list[list[Span]] = []
+    for span in find_spans(text, classes, glossary):
+        if runs and runs[-1][-1].end == span.start:
+            runs[-1].append(span)
+        else:
+            runs.append([span])
+    runs = runs[:MAX_PLACEHOLDERS]
     parts, last = [], 0
-    for i, span in enumerate(spans):
-        parts += [text[last : span.start], placeholder(i)]
-        last = span.end
+    for i, run in enumerate(runs):
+        parts += [text[last : run[0].start], placeholder(i)]
+        last = run[-1].end
     parts.append(text[last:])
-    return "".join(parts), [s.text if s.output is None else s.output for s in spans]
+    return "".join(parts), ["".join(s.text if s.output is None else s.output for s in run) for run in runs]
+
+
+_WRAPPED = re.compile(rf"((?:\s|{MARKUP.pattern})*)(.*?)((?:\s|{MARKUP.pattern})*)", re.S)
+
+
+@dataclass(frozen=True)
+class Masked:
+    """A sentence as the model gets it (`text`), and what makes its translation whole again."""
+
+    text: str
+    spans: list[str]  # what comes back in place of ⦅i⦆
+    head: str = ""  # markup around the whole sentence, put back around the translation
+    tail: str = ""
+
+    def restore(self, output: str) -> tuple[str, bool]:
+        """The translation of the sentence from the model's `output`; and whether a placeholder was repaired."""
+        fixed, changed = repair(output, len(self.spans))
+        return self.head + unmask(fixed, self.spans) + self.tail, changed
+
+
+def mask_sentence(text: str, classes: Sequence[str] = CLASSES, glossary: Terms | None = None) -> Masked:
+    """`mask`, after taking off the markup that wraps the whole sentence where no other markup is
+    inside it (a link, a heading's emphasis, an image whose text is the whole sentence): the model
+    translates the text alone, and the wrapping goes back around its translation (given the link
+    as two placeholders around one word, a model may leave the word out)."""
+    head, inner, tail = _WRAPPED.fullmatch(text).groups()
+    if not MARKUP.search(head + tail) or MARKUP.search(inner) or not inner.strip():
+        head, inner, tail = "", text, ""
+    return Masked(*mask(inner, classes, glossary), head, tail)
 
 
 def unmask(output: str, spans: Sequence[str]) -> str:
@@ -169,10 +207,9 @@ def unmask(output: str, spans: Sequence[str]) -> str:
     return PLACEHOLDER.sub(lambda m: spans[int(m.group(1))] if int(m.group(1)) < len(spans) else "", output)
 
 
-def repair(output: str, n_spans: int, source: str = "") -> tuple[str, bool]:
+def repair(output: str, n_spans: int) -> tuple[str, bool]:
     """Make each of ⦅0⦆..⦅n-1⦆ appear exactly once in `output`: keep the first of duplicates, drop
-    placeholders of no span, add the missing ones at the end (before the final punctuation), those
-    that touch in the masked `source` touching again (`<b>%s</b>`, not `<b> %s </b>`).
+    placeholders of no span, add the missing ones at the end (before the final punctuation).
     Returns the repaired output and whether anything had to change."""
     seen: set[int] = set()
 
@@ -187,9 +224,7 @@ def repair(output: str, n_spans: int, source: str = "") -> tuple[str, bool]:
     missing = [i for i in range(n_spans) if i not in seen]
     if missing:
         body, end = re.match(r"(.*?)([\s.!?:;…]*)$", text, re.S).groups()
-        added = placeholder(missing[0])
-        for before, i in zip(missing, missing[1:]):
-            added += ("" if placeholder(before) + placeholder(i) in source else " ") + placeholder(i)
+        added = " ".join(placeholder(i) for i in missing)
         text = " ".join([body, added]).strip() + end.rstrip()  # no space left at the end
     return text, text != output
 
@@ -226,22 +261,22 @@ class Protector:
             yield from lines
             return
         for line in lines:
-            masked, spans = mask(line, self.classes, self.glossary)
-            self.pending.append((masked, spans))
-            yield masked
+            masked = mask_sentence(line, self.classes, self.glossary)
+            self.pending.append(masked)
+            yield masked.text
 
     def restore(self, translations: Iterable[list[tuple[str, float]]]) -> Iterator[list[tuple[str, float]]]:
         if not self.enabled:
             yield from translations
             return
         for nbest in translations:
-            source, spans = self.pending.popleft()
+            masked = self.pending.popleft()
             self.lines += 1
             out = []
             for k, (text, score) in enumerate(nbest):
-                fixed, changed = repair(text, len(spans), source)
+                restored, changed = masked.restore(text)
                 self.repaired += changed and k == 0
-                out.append((unmask(fixed, spans), score))
+                out.append((restored, score))
             yield out
         if self.repaired:
             log.warning(
@@ -266,10 +301,9 @@ def protected(
     and restored after, as Protector does inside decoding."""
 
     def translate(sentences: list[str]) -> list[str]:
-        masked = [mask(s, classes, glossary) for s in sentences]
-        outputs = translate_batch([m for m, _ in masked]) if masked else []
-        pairs = zip(outputs, masked, strict=True)
-        return [unmask(repair(out, len(spans), source)[0], spans) for out, (source, spans) in pairs]
+        masked = [mask_sentence(s, classes, glossary) for s in sentences]
+        outputs = translate_batch([m.text for m in masked]) if masked else []
+        return [m.restore(out)[0] for out, m in zip(outputs, masked, strict=True)]
 
     return translate
 

@@ -23,7 +23,7 @@ from translate.documents import FORMATS, format_of, translate_document
 from translate.engine import Engine, EngineSpec, TranslationEngine, first_best
 from translate.errors import UserError
 from translate.options import SearchOptions
-from translate.protect import Terms, has_placeholders, mask
+from translate.protect import Terms, has_placeholders, mask_sentence
 from translate.segment import translate_paragraphs
 from translate.textio import (
     atomic_write,
@@ -50,7 +50,7 @@ def sentence_budget(engine: TranslationEngine, glossary: Terms | None = None) ->
     terms = glossary or engine.glossary
 
     def count(sentence: str) -> int:
-        return len(tokenizer.encode([mask(sentence, engine.protect, terms)[0] if masking else sentence])[0])
+        return len(tokenizer.encode([mask_sentence(sentence, engine.protect, terms).text if masking else sentence])[0])
 
     return {"max_tokens": engine.max_pieces, "count_tokens": count}
 
