@@ -235,3 +235,17 @@ def load_checkpoint_protect(ckpt) -> list[str]:
     from translate.checkpoint import load_checkpoint
 
     return load_checkpoint(ckpt)["config"]["decode"]["protect"]
+
+
+def test_a_term_inside_inline_markup_stays_inside_it():
+    """`<b>cloud</b>`: the tags and the term are one placeholder, so a model that moves placeholders
+    apart (here: spaced, then its words shuffled) cannot take the term out of its tags."""
+    from translate.html_document import translate_html
+    from translate.markdown_document import translate_markdown
+
+    def apart(batch: list[str]) -> list[str]:
+        return shuffle_words([PLACEHOLDER.sub(lambda m: f" {m.group()} ", s).replace("  ", " ") for s in batch])
+
+    translate = protected(apart, CLASSES, GLOSSARY)
+    assert "<b>nuage</b>" in translate_html("<p>Open the <b>cloud</b> console.</p>", translate)
+    assert "**nuage**" in translate_markdown("The **cloud** is here.\n", translate)

@@ -24,7 +24,9 @@ def test_given_values_replace_only_what_is_given():
     "limits, message",
     [
         (ServingLimits(batch_window_ms=-1), "--batch-window-ms must be at least 0"),
-        (ServingLimits(batch_window_ms=float("nan")), "--batch-window-ms"),
+        (ServingLimits(batch_window_ms=float("nan")), "--batch-window-ms must be a finite number, got nan"),
+        (ServingLimits(body_timeout_s=float("inf")), "--body-timeout-s must be a finite number, got inf"),
+        (ServingLimits(body_timeout_s=0), "--body-timeout-s must be at least 0.001, got 0"),
         (ServingLimits(max_batch=0), "--max-batch must be at least 1"),
         (ServingLimits(max_queue=0), "--max-queue must be at least 1"),
         (ServingLimits(max_request_bytes=0), "--max-request-bytes must be at least 1"),

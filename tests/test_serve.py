@@ -191,6 +191,29 @@ def test_a_client_gone_while_sending_its_body_is_499_not_a_server_fault(server):
     assert not any("POST /translate 500" in line for line in server.lines)
 
 
+def test_a_body_that_stalls_is_408_and_holds_sigterm_no_longer(checkpoint):
+    """A client that sends half its body and waits: 408 after --body-timeout-s, and a SIGTERM meanwhile
+    exits once that is answered (the drain waited for it forever)."""
+    server = Server(checkpoint, "--workers", "1", "--body-timeout-s", "3")
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as client:
+        client.sendall(
+            b"POST /translate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 40\r\n\r\n{"text": "In the'
+        )
+        time.sleep(0.5)  # the server has begun reading the body
+        start = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        answer = b""
+        while chunk := client.recv(4096):  # to the end: the server closes the connection it could not read
+            answer += chunk
+        answer = answer.decode()
+        assert answer.startswith("HTTP/1.1 408") and "did not arrive within 3 s (--body-timeout-s)" in answer, answer
+        assert server.proc.wait(timeout=60) == 0
+    assert time.monotonic() - start < 30
+    assert any("POST /translate 408 ? texts 40 bytes" in line for line in server.lines), server.lines
+
+
 def test_unknown_path_and_method_are_json_errors(server):
     assert server.get("/nope")[0] == 404 and "error" in json.loads(server.get("/nope")[1])
     assert server.get("/translate")[0] == 405

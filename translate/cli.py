@@ -498,6 +498,12 @@ def serve(
     max_request_bytes: Annotated[
         int, typer.Option("--max-request-bytes", help="Body size; past it: 413.")
     ] = ServingLimits.max_request_bytes,
+    body_timeout_s: Annotated[
+        float,
+        typer.Option(
+            "--body-timeout-s", help="Seconds to receive a request's body; past it: 408 (SIGTERM waits no longer)."
+        ),
+    ] = ServingLimits.body_timeout_s,
     log_text: Annotated[bool, flag("--log-text", help="Also log each request's sentences.")] = False,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
@@ -510,7 +516,9 @@ def serve(
     from translate.serve import serve as run_serve
 
     _keep_freed_memory()
-    limits = ServingLimits(batch_window_ms, max_batch, max_queue, max_texts, max_request_bytes)
+    limits = ServingLimits(
+        batch_window_ms, max_batch, max_queue, max_texts, max_request_bytes, body_timeout_s=body_timeout_s
+    )
     spec = EngineSpec(
         checkpoints, device=device, dtype=dtype, quantize=quantize, protect=protect, batch_tokens=batch_tokens,
         workers=workers, beam_size=beam, length_penalty=lenpen, limits=limits,

@@ -93,6 +93,7 @@ class ServingLimits:
     max_texts: int = 256  # texts in one request; past it: 413
     max_request_bytes: int = 1 << 20  # body size; past it: 413
     max_beam: int = 64  # the largest beam_size a request (or --beam) may ask for
+    body_timeout_s: float = 30.0  # to receive a request's body; past it: 408 (so SIGTERM waits no longer for one)
 
     def check(self) -> ServingLimits:
         """self, or a UserError naming the first option out of its range."""
@@ -102,9 +103,12 @@ class ServingLimits:
             ("--max-queue", self.max_queue, 1),
             ("--max-texts", self.max_texts, 1),
             ("--max-request-bytes", self.max_request_bytes, 1),
+            ("--body-timeout-s", self.body_timeout_s, 0.001),
         ]:
-            if not value >= low or not math.isfinite(value):
-                raise UserError(f"{option} must be at least {low}, got {value}")
+            if not math.isfinite(value):
+                raise UserError(f"{option} must be a finite number, got {value}")
+            if not value >= low:
+                raise UserError(f"{option} must be at least {low:g}, got {value}")
         if self.max_texts > self.max_queue:
             raise UserError(f"--max-texts ({self.max_texts}) must not exceed --max-queue ({self.max_queue})")
         return self

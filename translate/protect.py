@@ -16,10 +16,13 @@ The classes of spans (config `data.protect` for training, `decode.protect` for d
     url      https://example.com/a?b=c  ftp://...  www.example.org  (trailing .,;:!?)]} left out)
     email    someone@example.com
     path     /usr/local/bin  ~/notes.txt  ./run.sh  C:\\Users\\me\\file.txt  \\\\server\\share
-    number   42  3.14  1,000,000  2.5  1.2.3
+    number   42  3.14  1,000,000  1.2.3  -5  +3.5  2024-01-15  15/01/2024  10:30  555-1234  10-20
 
 Where spans overlap, the one starting first wins, then the longest (a URL inside a tag
-attribute is part of the tag; a number inside a URL part of the URL).
+attribute is part of the tag; a number inside a URL part of the URL). Spans that touch share one
+placeholder (`<b>%s</b>`: the model cannot part them), and markup that wraps a whole sentence
+with no other markup inside (a link, an image's text) is taken off before and put back around
+the translation (`mask_sentence`).
 
 Two more kinds of span are protected whatever the classes:
 

@@ -156,21 +156,32 @@ class ClientGone(Exception):
     """The client closed its connection before its answer was ready."""
 
 
-async def read_body(request, max_request_bytes: int) -> bytes:
-    """The request's body; RequestError 413 as soon as it is known to be over the limit."""
+async def read_body(request, limits: ServingLimits) -> bytes:
+    """The request's body; RequestError 413 as soon as it is known to be over the limit, 408 when it
+    has not all arrived within limits.body_timeout_s (a client that stalls holds neither a
+    connection's task nor SIGTERM's drain for longer)."""
+    most = limits.max_request_bytes
     length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > max_request_bytes:
-        raise RequestError(413, f"the body has {int(length)} bytes; at most {max_request_bytes} (--max-request-bytes)")
+    if length is not None and length.isdigit() and int(length) > most:
+        raise RequestError(413, f"the body has {int(length)} bytes; at most {most} (--max-request-bytes)")
     from starlette.requests import ClientDisconnect
 
     body = bytearray()
-    try:
+
+    async def receive() -> None:
         async for chunk in request.stream():
-            body += chunk
-            if len(body) > max_request_bytes:
-                raise RequestError(413, f"the body is over {max_request_bytes} bytes (--max-request-bytes)")
+            body.extend(chunk)
+            if len(body) > most:
+                raise RequestError(413, f"the body is over {most} bytes (--max-request-bytes)")
+
+    try:
+        await asyncio.wait_for(receive(), limits.body_timeout_s)
     except ClientDisconnect:  # gone while sending its body: 499, as gone while waiting for its answer
         raise ClientGone from None
+    except asyncio.TimeoutError:
+        raise RequestError(
+            408, f"the body did not arrive within {limits.body_timeout_s:g} s (--body-timeout-s): {len(body)} bytes"
+        ) from None
     return bytes(body)
 
 
@@ -259,7 +270,7 @@ def create_app(engine: TranslationEngine, limits: ServingLimits, *, log_text: bo
         status, texts = 200, []
         size = request.headers.get("content-length", "?")  # a body refused unread: its announced size
         try:
-            body = await read_body(request, limits.max_request_bytes)
+            body = await read_body(request, limits)
             size = len(body)
             r = parse_request(body, engine.defaults, limits)
             texts = r.texts
