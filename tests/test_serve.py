@@ -240,8 +240,12 @@ def test_a_refused_request_is_logged_with_its_size_not_a_count_of_zero(caplog):
 
 def test_overload_answers_503_and_spares_the_queued_request(checkpoint, decoded):
     # a batching window far longer than the test: the first request stays queued until SIGTERM drains it
-    server = Server(checkpoint, "--max-queue", "2", "--max-texts", "2", "--batch-window-ms", "600000", "--log-text")
+    server = Server(checkpoint, "--max-queue", "2", "--batch-window-ms", "600000", "--log-text")  # --max-texts: 2 too
     try:
+        assert server.post({"texts": ["a", "b", "c"]}) == (
+            413,
+            '{"error":"3 texts in one request; at most 2 (--max-texts)"}',
+        )
         with ThreadPoolExecutor(1) as pool:
             first = pool.submit(server.post, {"texts": SENTENCES[:2]}, 180)
             while json.loads(server.get("/health")[1])["queued"] < 2 and not first.done():
@@ -547,6 +551,8 @@ def test_in_process_answers_are_the_engines_translations(tiny_engine):
         ({"text": "a", "length_penalty": True}, 400, "length_penalty"),
         (b'{"text": "a", "length_penalty": Infinity}', 400, "finite"),  # Python's json reads it
         (b'{"text": "a\\ud800 b"}', 400, "lone surrogate"),
+        (b'{"text": "a", "text": "Hello."}', 400, "the body gives 'text' twice in one object"),
+        (b'{"text": "a", "glossary": {"cloud": "nuage", "cloud": "nue"}}', 400, "gives 'cloud' twice"),
         ({"texts": ["a", "b", "c"]}, 413, "at most 2 (--max-texts)"),
         ({"text": "a" * 300_000}, 413, "--max-request-bytes"),
         ({"sentence": "a"}, 400, "unknown field 'sentence'"),

@@ -493,8 +493,11 @@ def serve(
         int, typer.Option("--max-queue", help="Sentences waiting; past it: 503 (a request of more sentences: 413).")
     ] = ServingLimits.max_queue,
     max_texts: Annotated[
-        int, typer.Option("--max-texts", help="Texts in one request; past it: 413.")
-    ] = ServingLimits.max_texts,
+        Optional[int],
+        typer.Option(
+            "--max-texts", help="Texts in one request; past it: 413 (default 256, or --max-queue where less)."
+        ),
+    ] = None,
     max_request_bytes: Annotated[
         int, typer.Option("--max-request-bytes", help="Body size; past it: 413.")
     ] = ServingLimits.max_request_bytes,
@@ -516,6 +519,8 @@ def serve(
     from translate.serve import serve as run_serve
 
     _keep_freed_memory()
+    if max_texts is None:  # the default, under a smaller --max-queue: that queue
+        max_texts = min(ServingLimits.max_texts, max_queue)
     limits = ServingLimits(
         batch_window_ms, max_batch, max_queue, max_texts, max_request_bytes, body_timeout_s=body_timeout_s
     )

@@ -84,7 +84,9 @@ def parse_request(body: bytes, defaults: SearchOptions, limits: ServingLimits) -
     if not body.strip():
         raise RequestError(400, 'empty body: send a JSON object such as {"text": "Hello."}')
     try:
-        request = json.loads(body)
+        request = json.loads(body, object_pairs_hook=_once_each)
+    except RepeatedKey as e:
+        raise RequestError(400, f"the body gives {e.args[0]!r} twice in one object") from None
     except RecursionError:
         raise RequestError(400, "the body is not valid JSON: nested too deeply") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4,300 digits
@@ -140,6 +142,19 @@ def parse_request(body: bytes, defaults: SearchOptions, limits: ServingLimits) -
         raise RequestError(400, f'"nbest" above 1 gives a list per sentence: not with "format": "{format}"')
     texts = [text.removeprefix("\ufeff") for text in texts]  # a byte order mark, as decode drops it from a file
     return TranslateRequest(texts, single, search, "nbest" in request and format == "text", format, split, glossary)
+
+
+class RepeatedKey(ValueError):
+    """A JSON object that names one key twice (json.loads would keep the last silently)."""
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise RepeatedKey(key)
+        out[key] = value
+    return out
 
 
 def _is_int(value: object) -> bool:
