@@ -100,6 +100,11 @@ class Browser:
         self.run(f"document.querySelector({json.dumps(selector)}).focus()")
         self.call("Input.insertText", text=text)
 
+    def press(self, key: str, code: int) -> None:
+        """A key pressed and released on the focused element (`key` as KeyboardEvent.key, `code` its key code)."""
+        for kind in ("rawKeyDown", "keyUp"):
+            self.call("Input.dispatchKeyEvent", type=kind, key=key, code=key, windowsVirtualKeyCode=code)
+
     def click(self, selector: str) -> None:
         """A mouse click at the middle of the element, as a user's."""
         x, y = self.run(

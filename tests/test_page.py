@@ -191,6 +191,31 @@ def test_the_pages_own_problems_are_shown_and_nothing_sent(page, setup, message)
     assert page.run(OUTPUT) == ""
 
 
+def test_what_the_browser_cannot_read_as_a_number_is_said_not_sent_as_the_default(page):
+    page.type("#source", SENTENCES[0])
+    page.run("document.getElementById('length-penalty').value = ''")
+    page.type("#length-penalty", "1e")  # the field's value reads "" (a letter alone cannot be typed in Chrome)
+    assert page.run("document.getElementById('length-penalty').validity.badInput")
+    since = len(page.events)
+    page.click("#translate")
+    shown = page.wait_for("!document.getElementById('error').hidden && document.getElementById('error').textContent")
+    assert shown == "Length penalty: not a number"
+    assert not [e for e in page.events[since:] if e.get("method") == "Network.requestWillBeSent"]
+
+
+def test_tab_types_a_tab_in_the_glossary_and_esc_then_tab_moves_on(page):
+    page.click("#glossary-box summary")  # the box opened, as a user opens it
+    page.type("#glossary", "cloud")
+    page.press("Tab", 9)
+    page.type("#glossary", "nuage")
+    assert page.run("document.getElementById('glossary').value") == "cloud\tnuage"
+    assert page.run("document.activeElement.id") == "glossary"
+    page.press("Escape", 27)
+    page.press("Tab", 9)
+    assert page.run("document.activeElement.id") != "glossary"
+    assert page.run("document.getElementById('glossary').value") == "cloud\tnuage"
+
+
 def test_a_refused_request_shows_the_servers_error(page, decoded):
     page.type("#source", SENTENCES[0])
     page.click("#translate")
