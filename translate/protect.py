@@ -70,7 +70,8 @@ PATTERNS: dict[str, str] = {
     "format": r"\{(?:[A-Za-z_]\w*(?:\.\w+|\[\w+\])*|\d*)(?:![rsa])?(?::[^{}]*)?(?:,\s*\w+(?:,[^{}]*)?)?\}",
     "tag": r"</?[A-Za-z][\w:.-]*(?:\s+[\w:.-]+(?:\s*=\s*(?:\"[^\"]*\"|'[^']*'|[^\s\"'=<>`]+))?)*\s*/?>",
     "url": rf"\b(?:(?:https?|ftp|file)://|www\.)(?:[^\s<>\"'()]|{_PARENS})*(?:{_END}|{_PARENS})",
-    "email": r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b",
+    # the parts no longer than RFC 5321's: a long run of these characters is not scanned again from each of its letters
+    "email": r"\b[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63})*\.[A-Za-z]{2,63}\b",
     "path": r"(?<![\w/:.\\])(?:~|\.\.?)?(?:/[\w.-]*[\w-])+/?"
     r"|\b[A-Za-z]:\\(?:[\w.-]*[\w-]\\?)*|\\\\[\w.-]+(?:\\[\w.-]*[\w-])+",
     # a sign, groups of digits joined by . , - : / (3.14, 1,000, 2024-01-15, 10:30, 555-1234, 15/01/2024)
