@@ -242,7 +242,7 @@ def test_markdown_footnote_definitions_one_under_the_other_keep_their_labels():
     block of its own, its label kept at its line's start whatever the model does."""
     text = "A note[^1].\n\n[^1]: The first note is short.\n[^2]: The second note\ngoes on here.\n[^3]: Third.\n"
     assert translate_markdown(text, protected(reverse_words, CLASSES)) == (
-        "NOTE[^1]. A\n\n[^1]: SHORT. IS NOTE FIRST THE\n[^2]: HERE. ON GOES\nNOTE SECOND THE\n[^3]: THIRD.\n"
+        "NOTE A[^1].\n\n[^1]: SHORT. IS NOTE FIRST THE\n[^2]: HERE. ON GOES\nNOTE SECOND THE\n[^3]: THIRD.\n"
     )
 
 

@@ -20,6 +20,7 @@ from translate.protect import (
     mask_sentence,
     placeholder,
     placeholder_symbols,
+    protected,
     repair,
     unmask,
 )
@@ -47,7 +48,11 @@ CASES = [  # text, the protected spans (texts, left to right)
     ("See https://example.com/path.", ["https://example.com/path"]),
     ("(https://example.com/a_(b)), or www.example.org/x!", ["https://example.com/a_(b)", "www.example.org/x"]),
     ("See http://en.wikipedia.org/wiki/Foo_(bar) (or not).", ["http://en.wikipedia.org/wiki/Foo_(bar)"]),
-    ("(see http://x.org/a) and http://x.org/b(c d", ["http://x.org/a", "http://x.org/b"]),  # unbalanced: left out
+    ("(see http://x.org/a) and http://x.org/b(c d", ["http://x.org/a", "http://x.org/b(c"]),  # the sentence's bracket
+    (
+        "https://x.org/a_(b_(c)) https://x.org/q=(foo https://x.org/a)b [https://x.org/a[1]]",
+        ["https://x.org/a_(b_(c))", "https://x.org/q=(foo", "https://x.org/a)b", "https://x.org/a[1]"],
+    ),
     (
         "Is it http://localhost:8080/status? Yes: ftp://f.example.com/pub;",
         ["http://localhost:8080/status", "ftp://f.example.com/pub"],
@@ -69,6 +74,11 @@ CASES = [  # text, the protected spans (texts, left to right)
         ["2024-01-15", "15/01/2024", "10:30", "555-1234", "-5", "+3.5"],
     ),
     ("COVID-19, a 5-year plan, pages 10-20", ["19", "5", "10-20"]),
+    (
+        "Call +33 1 23 45 67 89 or (555) 123-4567, in 2020 15 came",
+        ["+33 1 23 45 67 89", "(555) 123-4567", "2020", "15"],
+    ),
+    ("10:30am, 2024-01-15T10:30:00Z, 3.5kg", []),  # a number that runs into letters: whole or not at all
     ("<b>{name}</b>%s%d", ["<b>", "{name}", "</b>", "%s", "%d"]),  # adjacent spans
     ("<i>%s</i>", ["<i>", "%s", "</i>"]),
     ('<a href="http://x.org/3">3</a>', ['<a href="http://x.org/3">', "3", "</a>"]),  # nested: the tag holds the URL
@@ -149,6 +159,11 @@ def test_repair(output, n, expected, changed):
 def test_spans_that_touch_share_one_placeholder_which_repair_keeps_whole():
     source, spans = mask("Click <b>%s</b> in the console, then %s %d.")
     assert source == "Click ⦅0⦆ in the console, then ⦅1⦆ ⦅2⦆." and spans == ["<b>%s</b>", "%s", "%d"]
+    # a unit with markup begins and ends with it: the text before or after it is a unit of its own
+    assert mask("see http://x.org\ue000\ue001 %s\ue002%d\ue003%x") == (
+        "see ⦅0⦆⦅1⦆ ⦅2⦆⦅3⦆⦅4⦆",
+        ["http://x.org", "\ue000\ue001", "%s", "\ue002%d\ue003", "%x"],
+    )
     fixed, changed = repair("Cliquez dans la console.", len(spans))
     assert changed and fixed == "Cliquez dans la console ⦅0⦆ ⦅1⦆ ⦅2⦆."
     assert unmask(fixed, spans) == "Cliquez dans la console <b>%s</b> %s %d."
@@ -161,7 +176,9 @@ def test_markup_around_the_whole_sentence_is_put_back_around_its_translation():
     link, end = "\ue000", "\ue001"
     whole = mask_sentence(f"{link}Home{end}")
     assert (whole.text, whole.spans) == ("Home", []) and whole.restore("Accueil") == (f"{link}Accueil{end}", False)
-    assert mask_sentence(f" {link}see 42{end}.").text == " ⦅0⦆see ⦅1⦆."  # the full stop is text: kept whole
+    dot = mask_sentence(f" {link}see 42{end}.")  # a final full stop after the wrapping goes with it
+    assert (dot.text, dot.head, dot.tail) == ("see ⦅0⦆", f" {link}", f"{end}.")
+    assert mask_sentence(f"{link}see{end}, and").text == "⦅0⦆see⦅1⦆, and"  # a comma: text follows
     inner = mask_sentence(f"{link}Note:{end} the cat")
     assert (inner.text, inner.head, inner.tail) == ("⦅0⦆Note:⦅1⦆ the cat", "", "")
     assert mask_sentence(f"{link}{end}").text == "⦅0⦆"  # nothing to translate: no wrapping taken off
@@ -286,3 +303,17 @@ def test_no_protect_decodes_the_text_as_it_is(trained_run, tmp_path, monkeypatch
     saved["config"]["decode"]["protect"] = []
     torch.save(saved, tmp_path / "off.pt")
     assert run_main(monkeypatch, capsys, "decode", tmp_path / "off.pt", "--input", src, "--beam", "2")[1] == plain
+
+
+def test_units_with_markup_come_back_in_the_sources_order_each_whole():
+    """markup.py puts markup back in the source's order: a model that swaps `<b>%s</b>` and `<i>%d</i>`
+    gets them back in order, each argument inside its own tags; other placeholders stay where it put them."""
+    from translate.documents import translate_document
+
+    swap = lambda batch: [s.replace("⦅0⦆", "@").replace("⦅1⦆", "⦅0⦆").replace("@", "⦅1⦆") for s in batch]  # noqa: E731
+    translate = protected(swap, CLASSES)
+    assert translate_document("<p><b>%s</b> of <i>%d</i> files</p>", "html", translate) == (
+        "<p><b>%s</b> of <i>%d</i> files</p>"
+    )
+    assert translate_document("Use **%s** or *%d* here.\n", "markdown", translate) == "Use **%s** or *%d* here.\n"
+    assert translate(["%s of %d"]) == ["%d of %s"]  # no markup: the model's order

@@ -13,16 +13,19 @@ The classes of spans (config `data.protect` for training, `decode.protect` for d
     printf   %s  %d  %5.2f  %1$s  %(name)s  %@          (not the escape %%)
     format   {}  {0}  {count}  {name!r:>10}  {0:.2f}  {count, number}   (not the escapes {{ }})
     tag      <b>  </b>  <br/>  <a href="...">  <img src='x' />
-    url      https://example.com/a?b=c  ftp://...  www.example.org  (trailing .,;:!?)]} left out)
+    url      https://example.com/a?b=c  ftp://...  www.example.org  (trailing .,;:!?)]} left out, but for a
+             closing bracket the URL opened: wiki/Foo_(bar))
     email    someone@example.com
     path     /usr/local/bin  ~/notes.txt  ./run.sh  C:\\Users\\me\\file.txt  \\\\server\\share
     number   42  3.14  1,000,000  1.2.3  -5  +3.5  2024-01-15  15/01/2024  10:30  555-1234  10-20
+             +33 1 23 45 67 89  (555) 123-4567   (whole or not at all: 10:30am is left to the model)
 
 Where spans overlap, the one starting first wins, then the longest (a URL inside a tag
 attribute is part of the tag; a number inside a URL part of the URL). Spans that touch share one
-placeholder (`<b>%s</b>`: the model cannot part them), and markup that wraps a whole sentence
-with no other markup inside (a link, an image's text) is taken off before and put back around
-the translation (`mask_sentence`).
+placeholder (`<b>%s</b>`: the model cannot part them; a unit with markup begins and ends with it, and
+such units come back in the source's order, as markup.py puts markup back), and markup that wraps a
+whole sentence with no other markup inside (a link, an image's text; a final . ! ? after it stays
+outside) is taken off before and put back around the translation (`mask_sentence`).
 
 Two more kinds of span are protected whatever the classes:
 
@@ -62,20 +65,22 @@ MAX_PLACEHOLDERS = 20  # spans beyond these in one line are left as they are
 OPEN, CLOSE = "\u2985", "\u2986"
 PLACEHOLDER = re.compile(f"{OPEN}(\\d+){CLOSE}")
 
-_END = r"[^\s<>\"'.,;:!?()\]}]"  # the last character of a URL: no trailing punctuation
-_PARENS = r"\([^\s<>\"'()]*\)"  # a balanced pair of brackets in a URL (wiki/Foo_(bar)), at its end too
+_END = r"[^\s<>\"'.,;:!?)\]}]"  # the last character of a URL: no trailing punctuation (a closing bracket: see _closed)
 PATTERNS: dict[str, str] = {
     "printf": r"%\([A-Za-z_]\w*\)[-+0#]*\d*(?:\.\d+)?[diouxXeEfFgGcrsa]"
     r"|%(?:\d+\$)?[-+0#']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|t)?[diouxXeEfFgGaAcspn@]",
-    "format": r"\{(?:[A-Za-z_]\w*(?:\.\w+|\[\w+\])*|\d*)(?:![rsa])?(?::[^{}]*)?(?:,\s*\w+(?:,[^{}]*)?)?\}",
+    # the spec and the ICU parts bounded: an unclosed brace followed by commas is not searched again from each one
+    "format": r"\{(?:[A-Za-z_]\w*(?:\.\w+|\[\w+\])*|\d*)(?:![rsa])?(?::[^{}]{0,64})?(?:,\s*\w+(?:,[^{}]{0,64})?)?\}",
     "tag": r"</?[A-Za-z][\w:.-]*(?:\s+[\w:.-]+(?:\s*=\s*(?:\"[^\"]*\"|'[^']*'|[^\s\"'=<>`]+))?)*\s*/?>",
-    "url": rf"\b(?:(?:https?|ftp|file)://|www\.)(?:[^\s<>\"'()]|{_PARENS})*(?:{_END}|{_PARENS})",
+    "url": rf"\b(?:https?|ftp|file)://[^\s<>\"']*{_END}|\bwww\.[^\s<>\"']*{_END}",
     # the parts no longer than RFC 5321's: a long run of these characters is not scanned again from each of its letters
     "email": r"\b[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63})*\.[A-Za-z]{2,63}\b",
     "path": r"(?<![\w/:.\\])(?:~|\.\.?)?(?:/[\w.-]*[\w-])+/?"
     r"|\b[A-Za-z]:\\(?:[\w.-]*[\w-]\\?)*|\\\\[\w.-]+(?:\\[\w.-]*[\w-])+",
-    # a sign, groups of digits joined by . , - : / (3.14, 1,000, 2024-01-15, 10:30, 555-1234, 15/01/2024)
-    "number": r"(?<![\w.,])[+\-\u2212]?\d+(?:[.,:/\-]\d+)*(?![\w])",
+    # a sign, groups of digits joined by . , - : / (3.14, 1,000, 2024-01-15, 10:30, 555-1234, 15/01/2024), taken
+    # whole or not at all (10:30am: none of it, not 10); a telephone number in groups (+33 1 23 45 67 89, (555) 123-4567)
+    "number": r"(?<![\w.,])(?:(?:\+\d{1,3}|\(\d{1,4}\))(?:[ .\-]\d{1,4}){2,6}(?![\w.,]?\d)"
+    r"|(?=([+\-\u2212]?\d+(?:[.,:/\-]\d+)*))\1)(?![\w])",
 }
 _ESCAPES = {"printf": r"%%", "format": r"\{\{|\}\}"}  # consumed, never protected
 _COMPILED = {name: re.compile(p) for name, p in PATTERNS.items()}
@@ -126,10 +131,10 @@ def find_spans(text: str, classes: Sequence[str] = CLASSES, glossary: Terms | No
     the classes' spans, the markup characters and the glossary's terms."""
     shadow = MARKUP.sub(" ", text)  # no class's span runs across markup
     found = [
-        Span(m.start(), m.end(), text[m.start() : m.end()], kind)
+        Span(m.start(), end, text[m.start() : end], kind)
         for kind in classes
         for m in _COMPILED[kind].finditer(shadow)
-        if m.end() > m.start()
+        if (end := _closed(shadow, m.start(), m.end()) if kind == "url" else m.end()) > m.start()
     ]
     found += [
         Span(m.start(), m.end(), m.group(), "escape")
@@ -142,6 +147,15 @@ def find_spans(text: str, classes: Sequence[str] = CLASSES, glossary: Terms | No
     if glossary is not None:
         found += glossary.find(text)
     return [s for s in first_then_longest(found) if s.kind != "escape"]
+
+
+def _closed(text: str, start: int, end: int) -> int:
+    """The end of the URL text[start:end] with the closing brackets that follow it and close one it
+    opened (wiki/Foo_(bar), a[1]); a bracket the URL did not open is the sentence's."""
+    for open_, close in ("()", "[]"):
+        while end < len(text) and text[end] == close and text.count(open_, start, end) > text.count(close, start, end):
+            end += 1
+    return end
 
 
 def first_then_longest(spans: Iterable[Span]) -> list[Span]:
@@ -160,13 +174,20 @@ def mask(text: str, classes: Sequence[str] = CLASSES, glossary: Terms | None = N
     """Replace the protected spans by ⦅0⦆, ⦅1⦆ ... (left to right); return the text and what
     comes back in place of each (a span's original text, a term's target), item i for ⦅i⦆.
     Spans that touch share one placeholder (`<b>cloud</b>` with a glossary's term: the model cannot
-    move the term out of its tags). At most MAX_PLACEHOLDERS placeholders are made."""
-    runs: list[list[Span]] = []
+    move the term out of its tags), but for those before the first markup or after the last markup
+    of such a run: a unit that holds markup begins and ends with it (`x</b>` would carry the text
+    into the slot of other markup, see Masked.restore). At most MAX_PLACEHOLDERS placeholders are made."""
+    touching: list[list[Span]] = []
     for span in find_spans(text, classes, glossary):
-        if runs and runs[-1][-1].end == span.start:
-            runs[-1].append(span)
+        if touching and touching[-1][-1].end == span.start:
+            touching[-1].append(span)
         else:
-            runs.append([span])
+            touching.append([span])
+    runs = []
+    for run in touching:
+        marks = [i for i, span in enumerate(run) if span.kind == "markup"]
+        cuts = [0, marks[0], marks[-1] + 1, len(run)] if marks else [0, len(run)]
+        runs += [run[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
     runs = runs[:MAX_PLACEHOLDERS]
     parts, last = [], 0
     for i, run in enumerate(runs):
@@ -176,7 +197,25 @@ def mask(text: str, classes: Sequence[str] = CLASSES, glossary: Terms | None = N
     return "".join(parts), ["".join(s.text if s.output is None else s.output for s in run) for run in runs]
 
 
-_WRAPPED = re.compile(rf"((?:\s|{MARKUP.pattern})*)(.*?)((?:\s|{MARKUP.pattern})*)", re.S)
+_HEAD = re.compile(rf"(?:\s|{MARKUP.pattern})*")
+_END_PUNCTUATION = ".!?…"  # may follow the wrapping markup and stay outside it: [Read the docs](/d).
+
+
+def _wrapping(text: str) -> tuple[str, str, str]:
+    """(head, inner, tail): the markup (and spaces) that open and close `text`, a final full stop,
+    question or exclamation mark after the closing markup going with the tail."""
+    start = _HEAD.match(text).end()
+    end = len(text.rstrip())
+    while end > start and text[end - 1] in _END_PUNCTUATION:
+        end -= 1
+    punctuated = end
+    while end > start and (text[end - 1].isspace() or MARKUP.match(text, end - 1)):
+        end -= 1
+    if end == punctuated:  # no markup closes it: the punctuation is the text's
+        end = len(text)
+        while end > start and (text[end - 1].isspace() or MARKUP.match(text, end - 1)):
+            end -= 1
+    return text[:start], text[start:end], text[end:]
 
 
 @dataclass(frozen=True)
@@ -189,8 +228,17 @@ class Masked:
     tail: str = ""
 
     def restore(self, output: str) -> tuple[str, bool]:
-        """The translation of the sentence from the model's `output`; and whether a placeholder was repaired."""
+        """The translation of the sentence from the model's `output`; and whether a placeholder was repaired.
+        The placeholders of spans that hold markup come back in the source's order, each whole (markup.py
+        puts markup back in that order: a unit `<b>%s</b>` moved before `<i>%d</i>` would otherwise lend
+        its tags to the other's text); the others where the model put them."""
         fixed, changed = repair(output, len(self.spans))
+        marked = {i for i, span in enumerate(self.spans) if MARKUP.search(span)}
+        if marked:
+            order = iter(sorted(int(m.group(1)) for m in PLACEHOLDER.finditer(fixed) if int(m.group(1)) in marked))
+            fixed = PLACEHOLDER.sub(
+                lambda m: placeholder(next(order)) if int(m.group(1)) in marked else m.group(), fixed
+            )
         return self.head + unmask(fixed, self.spans) + self.tail, changed
 
 
@@ -199,7 +247,7 @@ def mask_sentence(text: str, classes: Sequence[str] = CLASSES, glossary: Terms |
     inside it (a link, a heading's emphasis, an image whose text is the whole sentence): the model
     translates the text alone, and the wrapping goes back around its translation (given the link
     as two placeholders around one word, a model may leave the word out)."""
-    head, inner, tail = _WRAPPED.fullmatch(text).groups()
+    head, inner, tail = _wrapping(text)
     if not MARKUP.search(head + tail) or MARKUP.search(inner) or not inner.strip():
         head, inner, tail = "", text, ""
     return Masked(*mask(inner, classes, glossary), head, tail)
