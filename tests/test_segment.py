@@ -96,6 +96,22 @@ def test_a_long_sentence_is_cut_at_clause_punctuation_then_spaces():
     assert join_sentences(sentences, gaps) == f"Short one. {sentence}"
 
 
+def test_a_sentence_is_never_cut_inside_a_protected_span():
+    """A glossary's term with a space, a URL in a space-less run: the cut goes beside them."""
+    import re
+
+    def spans(text: str) -> list[tuple[int, int]]:
+        return [m.span() for m in re.finditer(r"pull request|https://\S+", text)]
+
+    words = "one two three four five open a pull request six seven eight nine ten"
+    parts = [words[a:b] for a, b in fit_budget(words, 8, protected_spans=spans)]
+    assert " ".join(parts) == words and any("pull request" in p for p in parts), parts
+    token = "x" * 30 + "https://example.com/" + "y" * 40
+    parts = [token[a:b] for a, b in fit_budget(token, 30, len, spans)]
+    assert "".join(parts) == token and sum("https://example.com/" in p for p in parts) == 1, parts
+    assert fit_budget("https://" + "z" * 60, 10, len, spans) == [(0, 68)]  # one span: kept whole
+
+
 def test_paragraphs_translated_in_one_call_and_joined():
     calls = []
 

@@ -117,6 +117,7 @@ def split_sentences(
     *,
     max_tokens: int | None = None,
     count_tokens: Callable[[str], int] | None = None,
+    protected_spans: Callable[[str], list[tuple[int, int]]] | None = None,
     language: str = "en",
 ) -> tuple[list[str], list[str]]:
     """The sentences of `text` (stripped, none empty) and the whitespace around them: `gaps` has
@@ -131,7 +132,8 @@ def split_sentences(
             if max_tokens is None:
                 bounds.append((start, end))
             else:
-                bounds += [(start + a, start + b) for a, b in fit_budget(text[start:end], max_tokens, count_tokens)]
+                parts = fit_budget(text[start:end], max_tokens, count_tokens, protected_spans)
+                bounds += [(start + a, start + b) for a, b in parts]
         last = cut
     ends = [0] + [end for _, end in bounds]
     starts = [start for start, _ in bounds] + [len(text)]
@@ -148,20 +150,32 @@ def _joined(text: str, i: int) -> bool:
 
 
 def fit_budget(
-    sentence: str, max_tokens: int, count_tokens: Callable[[str], int] | None = None
+    sentence: str,
+    max_tokens: int,
+    count_tokens: Callable[[str], int] | None = None,
+    protected_spans: Callable[[str], list[tuple[int, int]]] | None = None,
 ) -> list[tuple[int, int]]:
     """The (start, end) offsets of the parts of `sentence` (stripped) of at most `max_tokens`
-    each (see the module's docstring); words by default."""
+    each (see the module's docstring); words by default. Never inside a span of `protected_spans`
+    (a URL, a glossary's term: what the model gets as one placeholder)."""
     count_tokens = count_tokens or _words
     if count_tokens(sentence) <= max_tokens:
         return [(0, len(sentence))]
+    spans = protected_spans(sentence) if protected_spans else []
+
+    def free(i: int) -> bool:
+        return not any(a < i < b for a, b in spans)
+
     middle = len(sentence) / 2
-    cuts = [m.end() for m in _CLAUSE.finditer(sentence)] or [m.start() for m in _SPACE.finditer(sentence)]
+    clauses = [m.end() for m in _CLAUSE.finditer(sentence) if free(m.end())]
+    cuts = clauses or [m.start() for m in _SPACE.finditer(sentence) if free(m.start())]
     if not cuts:  # no space at all (a long token, a language written without spaces): the middle character
-        cut = len(sentence) // 2
-        while cut > 0 and _joined(sentence, cut):  # not between a letter and its mark (an accent, a vowel sign)
-            cut -= 1
-        if cut == 0:
+        cut = next(
+            (i for i in [*range(len(sentence) // 2, 0, -1), *range(len(sentence) // 2 + 1, len(sentence))]
+             if not _joined(sentence, i) and free(i)),  # not between a letter and its mark (an accent, a vowel sign)
+            None,
+        )  # fmt: skip
+        if cut is None:
             return [(0, len(sentence))]
         cuts = [cut]
     cut = min(cuts, key=lambda i: abs(i - middle))
@@ -169,8 +183,8 @@ def fit_budget(
     space = _SPACE.match(sentence, cut)
     right_start = space.end() if space else cut
     right = sentence[right_start:]
-    return fit_budget(left, max_tokens, count_tokens) + [
-        (right_start + a, right_start + b) for a, b in fit_budget(right, max_tokens, count_tokens)
+    return fit_budget(left, max_tokens, count_tokens, protected_spans) + [
+        (right_start + a, right_start + b) for a, b in fit_budget(right, max_tokens, count_tokens, protected_spans)
     ]
 
 
@@ -215,6 +229,7 @@ def translate_paragraphs(
     *,
     max_tokens: int | None = None,
     count_tokens: Callable[[str], int] | None = None,
+    protected_spans: Callable[[str], list[tuple[int, int]]] | None = None,
     language: str = "en",
 ) -> list[str]:
     """One translation per line: each line split into sentences, all sentences translated in one
@@ -222,5 +237,6 @@ def translate_paragraphs(
     whitespace that separated them. Blank lines give empty lines without a call; the whitespace
     around a line is dropped, as when translating it whole."""
     return translate_texts(
-        lines, translate_batch, outer=False, max_tokens=max_tokens, count_tokens=count_tokens, language=language
-    )
+        lines, translate_batch, outer=False, max_tokens=max_tokens, count_tokens=count_tokens,
+        protected_spans=protected_spans, language=language,
+    )  # fmt: skip

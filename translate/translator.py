@@ -23,7 +23,7 @@ from translate.documents import FORMATS, format_of, translate_document
 from translate.engine import Engine, EngineSpec, TranslationEngine, first_best
 from translate.errors import UserError
 from translate.options import SearchOptions
-from translate.protect import Terms, has_placeholders, mask_sentence
+from translate.protect import Terms, find_spans, has_placeholders, mask_sentence
 from translate.segment import translate_paragraphs
 from translate.textio import (
     atomic_write,
@@ -42,7 +42,7 @@ def sentence_budget(engine: TranslationEngine, glossary: Terms | None = None) ->
     """How segment.py cuts a sentence too long for the models: their source positions, counted in
     the engine's pieces (an Engine's, or a ProcessEngine's copy of its processes' vocabulary) of the
     sentence as the models get it, each protected span (URL, tag, a term of `glossary` or the engine's)
-    one placeholder: a long URL is no reason to cut, and is never cut."""
+    one placeholder: a long URL is no reason to cut, and no protected span is cut in two."""
     tokenizer = getattr(engine, "tokenizer", None)
     if tokenizer is None:
         return {}
@@ -52,7 +52,10 @@ def sentence_budget(engine: TranslationEngine, glossary: Terms | None = None) ->
     def count(sentence: str) -> int:
         return len(tokenizer.encode([mask_sentence(sentence, engine.protect, terms).text if masking else sentence])[0])
 
-    return {"max_tokens": engine.max_pieces, "count_tokens": count}
+    def spans(sentence: str) -> list[tuple[int, int]]:
+        return [(s.start, s.end) for s in find_spans(sentence, engine.protect, terms)] if masking else []
+
+    return {"max_tokens": engine.max_pieces, "count_tokens": count, "protected_spans": spans}
 
 
 def translate_texts(
