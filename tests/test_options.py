@@ -43,6 +43,7 @@ def test_the_command_lines_serving_defaults_are_the_limits_defaults():
 
     defaults = {name: p.default for name, p in inspect.signature(serve).parameters.items()}
     limits = ServingLimits()
-    for name in ("batch_window_ms", "max_batch", "max_queue", "max_texts", "max_request_bytes"):
+    for name in ("batch_window_ms", "max_batch", "max_queue", "max_request_bytes", "body_timeout_s"):
         assert defaults[name] == getattr(limits, name), name
+    assert defaults["max_texts"] is None  # ServingLimits.max_texts, or --max-queue where less
     assert limits.check() is limits and limits.window == 0.005

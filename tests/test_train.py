@@ -330,6 +330,23 @@ def test_non_finite_updates_are_skipped_then_stop(tmp_path, monkeypatch):
         assert torch.equal(v, weights[k]), k
 
 
+def test_a_run_stopped_by_patience_resumes_to_no_further_update(tmp_path):
+    """--resume of a run that train.patience stopped stops at once, as one at train.max_steps does
+    (it trained and saved one more update each time)."""
+    options = dict(max_steps=40, eval_every=2, save_every=2, patience=2, best_metric="bleu", lr=1e-7, warmup_steps=1)
+    first = Trainer(cfg_for(tmp_path, "patient", **options), resume=False)
+    first.fit()
+    stopped = first.state.step
+    assert stopped < 40
+    again = Trainer(cfg_for(tmp_path, "patient", **options), resume=True)
+    again.fit()
+    assert again.state.step == stopped
+    assert (
+        max(int(p.stem.split("_")[1]) for p in (tmp_path / "runs" / "patient" / "checkpoints").glob("step_*.pt"))
+        == stopped
+    )
+
+
 def test_a_trainer_refused_in_setup_frees_the_run_for_the_corrected_config(tmp_path):
     """In one process (a library user, a notebook): the mistake is refused after the run's lock was taken
     (here the data are missing), and the corrected config trains the same run at once."""

@@ -572,6 +572,8 @@ class Trainer:
             reason = f"already at train.max_steps={t.max_steps}"
         elif self.agree()[1]:
             reason = f"already past train.max_time={t.max_time} ({s.elapsed / 60:.1f} min trained)"
+        elif t.patience and s.bad_evals >= t.patience:
+            reason = f"already stopped: no better valid {t.best_metric} in {t.patience} evaluations (train.patience)"
         if reason is None:
             self._same_share_of_the_epoch()
         updates = Prefetcher(self.planned_updates(s.epoch, s.position), PREFETCH) if reason is None else None

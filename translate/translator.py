@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext
@@ -49,7 +50,10 @@ def sentence_budget(engine: TranslationEngine, glossary: Terms | None = None) ->
     masking = has_placeholders(tokenizer)  # as the engine's Protector does
     terms = glossary or engine.glossary
 
-    def count(sentence: str) -> int:
+    def count(sentence: str) -> int:  # exact where it matters: near or over the budget
+        bound = len(unicodedata.normalize("NFKC", sentence)) + 1  # a piece holds a character, but for a leading ▁
+        if bound <= engine.max_pieces:
+            return bound
         return len(tokenizer.encode([mask_sentence(sentence, engine.protect, terms).text if masking else sentence])[0])
 
     def spans(sentence: str) -> list[tuple[int, int]]:
