@@ -85,6 +85,17 @@ class Server:
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
 
+    def half_body(self, length: int, timeout: float) -> socket.socket:
+        """A connection that has sent a POST /translate announcing `length` bytes and only the start of them."""
+        host, port = self.url.removeprefix("http://").split(":")
+        client = socket.create_connection((host, int(port)), timeout=timeout)
+        client.sendall(
+            b"POST /translate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {length}\r\n\r\n".encode()
+            + b'{"text": "In the'
+        )
+        return client
+
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -177,12 +188,7 @@ def test_bad_requests_get_one_line_and_the_server_goes_on(server, decoded, body,
 
 
 def test_a_client_gone_while_sending_its_body_is_499_not_a_server_fault(server):
-    host, port = server.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=30) as client:
-        client.sendall(
-            b"POST /translate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-            b'Content-Length: 1000\r\n\r\n{"text": "In the'
-        )
+    with server.half_body(1000, timeout=30):
         time.sleep(0.2)  # the server has begun reading the body
     deadline = time.monotonic() + 30
     while not any("POST /translate 499 ? texts 1000 bytes" in line for line in server.lines):
@@ -195,12 +201,7 @@ def test_a_body_that_stalls_is_408_and_holds_sigterm_no_longer(checkpoint):
     """A client that sends half its body and waits: 408 after --body-timeout-s, and a SIGTERM meanwhile
     exits once that is answered (the drain waited for it forever)."""
     server = Server(checkpoint, "--workers", "1", "--body-timeout-s", "3")
-    host, port = server.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=60) as client:
-        client.sendall(
-            b"POST /translate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-            b'Content-Length: 40\r\n\r\n{"text": "In the'
-        )
+    with server.half_body(40, timeout=60) as client:
         time.sleep(0.5)  # the server has begun reading the body
         start = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
