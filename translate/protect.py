@@ -153,8 +153,9 @@ def _closed(text: str, start: int, end: int) -> int:
     """The end of the URL text[start:end] with the closing brackets that follow it and close one it
     opened (wiki/Foo_(bar), a[1]); a bracket the URL did not open is the sentence's."""
     for open_, close in ("()", "[]"):
-        while end < len(text) and text[end] == close and text.count(open_, start, end) > text.count(close, start, end):
-            end += 1
+        unclosed = text.count(open_, start, end) - text.count(close, start, end)
+        while end < len(text) and text[end] == close and unclosed > 0:
+            end, unclosed = end + 1, unclosed - 1
     return end
 
 
