@@ -486,6 +486,13 @@ def test_torchrun_two_processes_match_one_process_on_the_same_global_batch(tmp_p
     assert (run / "train.log").read_text().count("training stopped") == 1
     assert (run / "train.log").read_text().count("chose length penalty") == 1
     assert sorted(b["tune_length_penalty"]["bleu"]) == [0.6, 1.0]  # last.pt is best.pt here: both re-linked
+    # the same command again: rank 0 refuses (no --resume) and every rank ends at once, rank 0 saying why (rank 1
+    # waited in the process group's start until torchrun killed it, 30 s later)
+    again = subprocess.run(
+        [*torchrun, "-m", "translate", "train", "--config", str(ddp)], capture_output=True, text=True, timeout=600
+    )
+    assert again.returncode != 0 and again.stderr.count("error: ") == 1, again.stderr[-3000:]
+    assert "already holds a training run" in again.stderr and "forcefully" not in again.stderr
 
 
 @pytest.mark.slow  # trains end to end: `make test-all` and CI run it

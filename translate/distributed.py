@@ -18,13 +18,10 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-
-from translate.errors import UserError
 
 log = logging.getLogger("translate")
 
@@ -70,15 +67,6 @@ def watch_launcher(interval: float = 1.0, grace: float = GRACE_S) -> threading.T
     thread = threading.Thread(target=watch, name="translate-launcher-watchdog", daemon=True)
     thread.start()
     return thread
-
-
-def wait_for(ready: Callable[[], bool], timeout: float, what: str, interval: float = 1.0) -> None:
-    """Poll `ready()` until it holds; UserError naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not ready():
-        if time.monotonic() > deadline:
-            raise UserError(f"waited {timeout / 60:g} min for {what}; see rank 0's log (train.dist_timeout)")
-        time.sleep(interval)
 
 
 def init_process_group(device: torch.device, timeout: float) -> None:

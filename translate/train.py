@@ -59,7 +59,7 @@ from translate.checkpoint import (
 )
 from translate.config import Config, config_to_dict, parse_duration, save_config
 from translate.data import Batch, Prefetcher, collate, load_split
-from translate.distributed import World, init_process_group, wait_for, watch_launcher
+from translate.distributed import World, init_process_group, watch_launcher
 from translate.errors import UserError
 from translate.glossary import load_glossary
 from translate.hardware import (
@@ -77,7 +77,7 @@ from translate.hardware import (
 from translate.loss import label_smoothed_nll_loss
 from translate.model import Transformer, count_parameters
 from translate.optim import build_optimizer, lr_lambda, seed_everything
-from translate.prepare import is_prepared, prepare
+from translate.prepare import prepare
 from translate.rundir import RunLock, check_run_dir, check_same_setup
 from translate.tokenizer import PAD, Tokenizer
 from translate.trainlog import TensorboardLogger
@@ -200,21 +200,39 @@ class Trainer:
         self.budget = parse_duration(cfg.train.max_time) if cfg.train.max_time is not None else None
 
     def _prepare(self, cfg: Config, resume: bool, saved: dict[str, Any] | None) -> None:
-        """Rank 0 locks the run, checks it (and `saved`, its last.pt, against the config) and prepares
-        the data while the others wait; then the process group."""
+        """The process group; then rank 0 locks the run, checks it (and `saved`, its last.pt, against
+        the config) and prepares the data while the others wait for its verdict: where it refuses, every
+        rank ends at once (rank 0 says why; the others would otherwise wait for it in the group's start)."""
         timeout = parse_duration(cfg.train.dist_timeout, "train.dist_timeout")
-        if self.main:
-            self.run.mkdir(parents=True, exist_ok=True)
-            self.lock = RunLock(self.run)
-            check_run_dir(cfg, resume, saved)  # before prepare(): a refused resume changes nothing
-            prepare(cfg)
-        else:
-            wait_for(lambda: is_prepared(cfg), timeout, f"rank 0 to prepare the data in {self.run / 'data'}")
         self.host_group = None  # where the ranks agree on host values: gloo (NCCL's would need the GPU)
         if self.distributed:
             init_process_group(self.device, timeout)
             if self.device.type != "cpu":
                 self.host_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+        refused: BaseException | None = None
+        if self.main:
+            try:
+                self.run.mkdir(parents=True, exist_ok=True)
+                self.lock = RunLock(self.run)
+                check_run_dir(cfg, resume, saved)  # before prepare(): a refused resume changes nothing
+                prepare(cfg)
+            except BaseException as e:  # said to the others first
+                refused = e
+        if self.distributed:
+            verdict = [refused is not None]
+            try:
+                dist.broadcast_object_list(verdict, src=0, group=self.host_group)
+            except RuntimeError:
+                if refused is not None:
+                    raise refused from None
+                raise UserError(
+                    f"waited for rank 0 to prepare the data in {self.run / 'data'}: it stopped or took longer than "
+                    f"train.dist_timeout ({timeout / 60:g} min); see rank 0's log"
+                ) from None
+            if verdict[0] and not self.main:
+                raise SystemExit(UserError.exit_code)  # rank 0 prints why
+        if refused is not None:
+            raise refused
 
     def _load_data(self, cfg: Config) -> None:
         data_dir = self.run / "data"
