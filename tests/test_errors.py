@@ -929,3 +929,33 @@ def test_a_directory_given_for_a_checkpoint_names_the_file_to_try(tmp_path):
         load_checkpoint(run)
     with pytest.raises(UserError, match=re.escape(f"(try {run / 'checkpoints' / 'best.pt'})")):
         load_checkpoint(run / "checkpoints")
+
+
+@pytest.mark.parametrize(
+    "message, one_line",
+    [
+        (
+            "[/x/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:43917. This is typically ...",
+            True,
+        ),
+        ("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer", True),
+        ("size mismatch for embed.weight", False),  # any other error keeps its traceback
+    ],
+)
+def test_a_torchrun_process_whose_peer_ended_says_so_in_one_line(monkeypatch, capsys, message, one_line):
+    """Rank 0 killed (or stopped on its own error): the other ranks' collective fails inside gloo."""
+    import translate.cli as cli
+
+    def app(**_):
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(cli, "app", app)
+    monkeypatch.setattr(sys, "argv", ["translate", "train"])
+    if not one_line:
+        with pytest.raises(RuntimeError, match="size mismatch"):
+            cli.main()
+        return
+    with pytest.raises(SystemExit) as stop:
+        cli.main()
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and err.startswith("error: another process of this training")

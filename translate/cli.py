@@ -745,6 +745,18 @@ class Terminated(BaseException):
     (`train` and `serve` handle SIGTERM themselves while they run: they save, or drain)."""
 
 
+def peer_gone(error: RuntimeError) -> str | None:
+    """One line for a process of a torchrun run whose peer ended (killed, or stopped on an error of its
+    own, which that one printed), instead of gloo's traceback; None for any other error."""
+    text = str(error)
+    if "gloo" not in text or not any(s in text for s in ("closed by peer", "reset by peer", "Broken pipe")):
+        return None
+    return (
+        "another process of this training ended (killed, or stopped on an error it printed above), so this one "
+        "stops too; continue from the last checkpoint with --resume"
+    )
+
+
 def _terminate(signum, frame) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: another SIGTERM (torchrun's, after a job's kill) waits
     raise Terminated
@@ -790,6 +802,11 @@ def main() -> None:
             raise
         print(f"error: {line}", file=sys.stderr)
         _to_log_files(f"error: {line}")
+        code = UserError.exit_code
+    except RuntimeError as e:  # under torchrun: a peer process ended, and gloo says so from inside a collective
+        if (line := peer_gone(e)) is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
         code = UserError.exit_code
     except KeyboardInterrupt:
         code = 130
