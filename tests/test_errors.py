@@ -959,3 +959,35 @@ def test_a_torchrun_process_whose_peer_ended_says_so_in_one_line(monkeypatch, ca
         cli.main()
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1 and err.startswith("error: another process of this training")
+
+
+@pytest.mark.parametrize("command_fails", [True, False])
+def test_a_helper_threads_full_disk_is_one_line_with_the_commands_own(monkeypatch, capsys, command_fails):
+    """TensorBoard's writer thread meets the full disk first, then the command's own write: one line,
+    the command's; where the command ends well, the thread's line and exit 2."""
+    import errno
+    import threading
+
+    import translate.cli as cli
+    from translate.errors import UserError
+
+    monkeypatch.setattr(cli, "_THREAD_ERRORS", [])
+
+    def app(**_):
+        def write():
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        thread = threading.Thread(target=write, name="Thread-4")
+        thread.start()
+        thread.join()
+        if command_fails:
+            raise UserError("runs/x/checkpoints/step_1.pt: the disk is full (No space left on device)")
+        return 0
+
+    monkeypatch.setattr(cli, "app", app)
+    monkeypatch.setattr(sys, "argv", ["translate", "train"])
+    with pytest.raises(SystemExit) as stop:
+        cli.main()
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("error: ") == 1, err
+    assert ("step_1.pt" in err) == command_fails and ("Thread-4" in err) != command_fails

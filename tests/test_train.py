@@ -493,6 +493,12 @@ def test_torchrun_two_processes_match_one_process_on_the_same_global_batch(tmp_p
     )
     assert again.returncode != 0 and again.stderr.count("error: ") == 1, again.stderr[-3000:]
     assert "already holds a training run" in again.stderr and "forcefully" not in again.stderr
+    steps = dict(max_steps=8, eval_every=100, save_every=100, cooldown=0.0, warmup_steps=1)
+    diverged = tiny_config(tmp_path, name="diverged", max_bad_steps=2, lr=1e30, **{**common, **steps})
+    diverging = subprocess.run(
+        [*torchrun, "-m", "translate", "train", "--config", str(diverged)], capture_output=True, text=True, timeout=600
+    )  # every rank stops at the same update, rank 0 alone saying why
+    assert diverging.stderr.count("error: ") == 1 and "non-finite" in diverging.stderr, diverging.stderr[-3000:]
 
 
 @pytest.mark.slow  # trains end to end: `make test-all` and CI run it

@@ -762,13 +762,17 @@ def _terminate(signum, frame) -> None:
     raise Terminated
 
 
+_THREAD_ERRORS: list[str] = []
+
+
 def _thread_failed(args: threading.ExceptHookArgs) -> None:
-    """A helper thread's full disk (TensorBoard's writer, for one) in one line, not a traceback;
-    the command then fails where its own writes do."""
+    """A helper thread's full disk (TensorBoard's writer, for one): kept for one line at the end, not a
+    traceback; the command then fails where its own writes do, and that line says it all (the thread's
+    is printed only where the command ends without one of its own)."""
     error = args.exc_value
     if isinstance(error, OSError) and (line := os_error_line(error)) is not None:
         name = args.thread.name if args.thread else "a thread"
-        print(f"error: {name}: {line}", file=sys.stderr)
+        _THREAD_ERRORS.append(f"error: {name}: {line}")
         return
     threading.__excepthook__(args)
 
@@ -813,6 +817,9 @@ def main() -> None:
     except Terminated:
         code = 143
     finally:
+        if _THREAD_ERRORS and not code:
+            print(_THREAD_ERRORS[0], file=sys.stderr)
+            code = UserError.exit_code
         if stopped := {130: "interrupted", 143: "terminated"}.get(code):
             print(stopped, file=sys.stderr)
             _to_log_files(stopped)

@@ -561,6 +561,8 @@ class Trainer:
         train.max_bad_steps or more were all skipped."""
         self.state.skipped, in_row = self.speed.skipped_so_far()
         if in_row >= self.cfg.train.max_bad_steps:
+            if not self.main:  # every rank stops here (the count is of the global update); rank 0 says why
+                raise SystemExit(UserError.exit_code)
             fp16 = (
                 " (or train.amp: off: this run is in fp16, whose range is narrow)" if self.precision == "fp16" else ""
             )
