@@ -608,3 +608,21 @@ def test_the_resume_command_says_where_to_run_it_when_the_config_names_relative_
     assert relative_paths(relative) == ["runs", "corpus/train"]
     hint = Trainer.resume_command(SimpleNamespace(cfg=relative, run=relative.run_path, distributed=False))
     assert hint == f"cd {tmp_path} && translate train --config runs/e2e/config.yaml --resume"
+
+
+def test_a_log_window_of_only_skipped_updates_has_no_loss_rather_than_zero():
+    from translate.trainstate import Speedometer, UpdateResult
+
+    speed = Speedometer(torch.device("cpu"))
+    nan = torch.tensor(float("nan"))
+    speed.add(UpdateResult(nan, nan, nan, torch.tensor(True), 100, 100, False, False), 0.1)
+    stats = speed.read()
+    assert math.isnan(stats.loss) and math.isnan(stats.ppl) and math.isnan(stats.grad_norm) and stats.skipped == 1
+    speed.add(
+        UpdateResult(
+            torch.tensor(250.0), torch.tensor(200.0), torch.tensor(2.0), torch.tensor(False), 100, 100, False, False
+        ),
+        0.1,
+    )
+    stats = speed.read()
+    assert stats.loss == 2.5 and stats.grad_norm == 2.0 and stats.skipped == 0

@@ -61,7 +61,8 @@ class TensorboardLogger:
             self.bar.set_postfix(**postfix, refresh=False)
         mem = f" host memory {rss:.0f} MiB" if rss is not None else ""
         mem += f" (peak {peak:.0f})" if peak is not None else ""
-        log.debug(f"step {step} loss {stats.loss:.4f} lr {lr:.3e} tokens/s {stats.tokens_per_s:.0f}{mem}")
+        skipped = f" ({stats.skipped} of {stats.updates} updates skipped: not finite)" if stats.skipped else ""
+        log.debug(f"step {step} loss {stats.loss:.4f} lr {lr:.3e} tokens/s {stats.tokens_per_s:.0f}{mem}{skipped}")
 
     def valid(self, step: int, m: dict[str, float], best_metric: str, best: float, best_step: int) -> None:
         if not self.main:

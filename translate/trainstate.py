@@ -133,10 +133,14 @@ class Speedometer:
         loss, nll, ntokens, grad_norm, good = self.sums.tolist()
         skipped = int(self.skipped_in_window)
         self.seconds += time.perf_counter() - start
+        if good:
+            loss, nll, grad_norm = loss / max(ntokens, 1), nll / max(ntokens, 1), grad_norm / good
+        else:  # every update of the window skipped: no figures, rather than zeros that read as a perfect model
+            loss = nll = grad_norm = math.nan
         stats = WindowStats(
-            loss=loss / max(ntokens, 1),
-            nll=nll / max(ntokens, 1),
-            grad_norm=grad_norm / max(good, 1),
+            loss=loss,
+            nll=nll,
+            grad_norm=grad_norm,
             tokens_per_s=self.all_ntokens / max(self.seconds, 1e-9),
             updates=self.updates,
             skipped=skipped,
