@@ -610,6 +610,13 @@ def test_the_resume_command_says_where_to_run_it_when_the_config_names_relative_
     assert hint == f"cd {tmp_path} && translate train --config runs/e2e/config.yaml --resume"
 
 
+def test_average_last_beyond_keep_last_is_said_when_training_starts(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="translate"):
+        t = Trainer(cfg_for(tmp_path, "avg", average_last=4, keep_last=2), resume=False)
+    t.close()
+    assert "train.average_last 4 but train.keep_last 2: the run will average the 2 step checkpoints" in caplog.text
+
+
 def test_a_log_window_of_only_skipped_updates_has_no_loss_rather_than_zero():
     from translate.trainstate import Speedometer, UpdateResult
 

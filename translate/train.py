@@ -306,6 +306,12 @@ class Trainer:
                 "layers) learnt nothing in measured runs at a high learning rate and a short warmup; "
                 "model.norm: pre trains this shape (docs/training.md)"
             )
+        t = cfg.train
+        if t.average_last and t.average_last > t.keep_last:
+            log.warning(
+                f"train.average_last {t.average_last} but train.keep_last {t.keep_last}: the run will average the "
+                f"{t.keep_last} step checkpoints it keeps; raise keep_last to average {t.average_last}"
+            )
 
     @property
     def precision(self) -> str:
