@@ -961,10 +961,10 @@ def test_a_torchrun_process_whose_peer_ended_says_so_in_one_line(monkeypatch, ca
     assert stop.value.code == 2 and err.count("\n") == 1 and err.startswith("error: another process of this training")
 
 
-@pytest.mark.parametrize("command_fails", [True, False])
+@pytest.mark.parametrize("command_fails", [True, False, "bug"])
 def test_a_helper_threads_full_disk_is_one_line_with_the_commands_own(monkeypatch, capsys, command_fails):
     """TensorBoard's writer thread meets the full disk first, then the command's own write: one line,
-    the command's; where the command ends well, the thread's line and exit 2."""
+    the command's; where the command ends well, the thread's line and exit 2; a bug's traceback alone."""
     import errno
     import threading
 
@@ -980,12 +980,19 @@ def test_a_helper_threads_full_disk_is_one_line_with_the_commands_own(monkeypatc
         thread = threading.Thread(target=write, name="Thread-4")
         thread.start()
         thread.join()
+        if command_fails == "bug":
+            raise KeyError("step")
         if command_fails:
             raise UserError("runs/x/checkpoints/step_1.pt: the disk is full (No space left on device)")
         return 0
 
     monkeypatch.setattr(cli, "app", app)
     monkeypatch.setattr(sys, "argv", ["translate", "train"])
+    if command_fails == "bug":
+        with pytest.raises(KeyError):
+            cli.main()
+        assert "error: " not in capsys.readouterr().err
+        return
     with pytest.raises(SystemExit) as stop:
         cli.main()
     err = capsys.readouterr().err

@@ -49,6 +49,7 @@ CASES = [  # text, the protected spans (texts, left to right)
     ("(https://example.com/a_(b)), or www.example.org/x!", ["https://example.com/a_(b)", "www.example.org/x"]),
     ("See http://en.wikipedia.org/wiki/Foo_(bar) (or not).", ["http://en.wikipedia.org/wiki/Foo_(bar)"]),
     ("(see http://x.org/a) and http://x.org/b(c d", ["http://x.org/a", "http://x.org/b(c"]),  # the sentence's bracket
+    ("(http://x.org/a([b]))", ["http://x.org/a([b])"]),
     (
         "https://x.org/a_(b_(c)) https://x.org/q=(foo https://x.org/a)b [https://x.org/a[1]]",
         ["https://x.org/a_(b_(c))", "https://x.org/q=(foo", "https://x.org/a)b", "https://x.org/a[1]"],

@@ -784,9 +784,10 @@ def main() -> None:
     _setup_logging()
     signal.signal(signal.SIGTERM, _terminate)
     threading.excepthook = _thread_failed
-    code = None
+    code = returned = None
     try:
         code = app(standalone_mode=False)  # typer returns 130 after Ctrl-C
+        returned = True
     except getattr(click_errors, "NoArgsIsHelpError", ()) as e:
         e.show()
         code = e.exit_code
@@ -817,7 +818,7 @@ def main() -> None:
     except Terminated:
         code = 143
     finally:
-        if _THREAD_ERRORS and not code:
+        if _THREAD_ERRORS and returned and not code:  # the command ended well: the thread's line is all there is
             print(_THREAD_ERRORS[0], file=sys.stderr)
             code = UserError.exit_code
         if stopped := {130: "interrupted", 143: "terminated"}.get(code):

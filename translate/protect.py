@@ -152,10 +152,10 @@ def find_spans(text: str, classes: Sequence[str] = CLASSES, glossary: Terms | No
 def _closed(text: str, start: int, end: int) -> int:
     """The end of the URL text[start:end] with the closing brackets that follow it and close one it
     opened (wiki/Foo_(bar), a[1]); a bracket the URL did not open is the sentence's."""
-    for open_, close in ("()", "[]"):
-        unclosed = text.count(open_, start, end) - text.count(close, start, end)
-        while end < len(text) and text[end] == close and unclosed > 0:
-            end, unclosed = end + 1, unclosed - 1
+    unclosed = {close: text.count(open_, start, end) - text.count(close, start, end) for open_, close in ("()", "[]")}
+    while end < len(text) and unclosed.get(text[end], 0) > 0:
+        unclosed[text[end]] -= 1
+        end += 1
     return end
 
 
@@ -306,7 +306,7 @@ class Protector:
         if self.classes and not self.enabled and not Protector.warned:
             Protector.warned = True
             log.warning("this vocabulary has no placeholder pieces (data.protect_share was 0): spans not protected")
-        self.pending: deque[list[str]] = deque()
+        self.pending: deque[Masked] = deque()
         self.lines = self.repaired = 0
 
     def mask_lines(self, lines: Iterable[str]) -> Iterator[str]:

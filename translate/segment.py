@@ -161,10 +161,12 @@ def fit_budget(
     count_tokens = count_tokens or _words
     if count_tokens(sentence) <= max_tokens:
         return [(0, len(sentence))]
-    spans = protected_spans(sentence) if protected_spans else []
+    inside = bytearray(len(sentence) + 1)  # 1 where a cut would part a protected span
+    for a, b in protected_spans(sentence) if protected_spans else []:
+        inside[a + 1 : b] = b"\x01" * max(b - a - 1, 0)
 
     def free(i: int) -> bool:
-        return not any(a < i < b for a, b in spans)
+        return not inside[i]
 
     middle = len(sentence) / 2
     clauses = [m.end() for m in _CLAUSE.finditer(sentence) if free(m.end())]

@@ -225,6 +225,11 @@ class Trainer:
             except RuntimeError:
                 if refused is not None:
                     raise refused from None
+                if self.main:  # the others gave up waiting (train.dist_timeout) while this one prepared
+                    raise UserError(
+                        f"the other processes stopped waiting for the data in {self.run / 'data'} (longer than "
+                        f"train.dist_timeout, {timeout / 60:g} min): it is prepared now; run the command again"
+                    ) from None
                 raise UserError(
                     f"waited for rank 0 to prepare the data in {self.run / 'data'}: it stopped or took longer than "
                     f"train.dist_timeout ({timeout / 60:g} min); see rank 0's log"
