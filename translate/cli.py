@@ -519,8 +519,6 @@ def serve(
     from translate.serve import serve as run_serve
 
     _keep_freed_memory()
-    if max_texts is None:  # the default, under a smaller --max-queue: that queue
-        max_texts = min(ServingLimits.max_texts, max_queue)
     limits = ServingLimits(
         batch_window_ms, max_batch, max_queue, max_texts, max_request_bytes, body_timeout_s=body_timeout_s
     )

@@ -82,6 +82,9 @@ CLI_NAMES = {
 }
 
 
+MAX_TEXTS = 256  # texts in one request by default
+
+
 @dataclass(frozen=True)
 class ServingLimits:
     """How `translate serve` batches and what it refuses: the one home of the server's limits and
@@ -90,10 +93,14 @@ class ServingLimits:
     batch_window_ms: float = 5.0  # how long an idle worker waits for more requests before it starts
     max_batch: int = 256  # sentences a decoding worker searches at once
     max_queue: int = 1024  # sentences waiting; past it: 503
-    max_texts: int = 256  # texts in one request; past it: 413
+    max_texts: int | None = None  # texts in one request; past it: 413 (None: MAX_TEXTS, or max_queue where less)
     max_request_bytes: int = 1 << 20  # body size; past it: 413
     max_beam: int = 64  # the largest beam_size a request (or --beam) may ask for
     body_timeout_s: float = 30.0  # to receive a request's body; past it: 408 (so SIGTERM waits no longer for one)
+
+    def __post_init__(self) -> None:
+        if self.max_texts is None:  # the default, under a smaller queue: that queue
+            object.__setattr__(self, "max_texts", min(MAX_TEXTS, self.max_queue))
 
     def check(self) -> ServingLimits:
         """self, or a UserError naming the first option out of its range."""
