@@ -9,13 +9,15 @@
 #    the GPU and its host, and no prepared data), joined before the benchmark so that nothing runs
 #    beside it: bf16/fp16 training with the scaler, amp auto, an update with
 #    torch.cuda.set_sync_debug_mode("error") (no synchronisation), the additive padding mask,
-#    half-precision decoding against fp32, the CUDA RNG state of checkpoints;
+#    half-precision decoding against fp32, the CUDA RNG state of checkpoints, updates under each
+#    train.attention kernel;
 # 2. synthetic sentences for a vocabulary of 32,000 pieces (scripts/make_synthetic.py --lexicon:
 #    no hub needed);
 # 3. `translate prepare` of configs/wmt14_base.yaml on them (the SentencePiece model, the encoded data);
 # 4. the steady-state training benchmark of that config (Transformer-base, bf16) on them: as
 #    configured (eager), then 6,250 tokens x 4 accumulated (the earlier batches), and each attention
-#    kernel that takes a padding mask alone (cudnn, efficient). Each prints target tokens/s, MFU
+#    kernel that takes a padding mask alone (cudnn, efficient; the one `auto` ran alone is not timed
+#    again), then flash (with efficient for the masked calls). Each prints target tokens/s, MFU
 #    against the measured bf16 matmul peak, host/device time per update, synchronisations per
 #    update, the attention kernel and the peak memory;
 # 5. `translate train` of the same config on the same data: 200 updates, then --resume to 300,
@@ -91,7 +93,8 @@ benchmark() {
     capped 200 $PY scripts/bench_train.py "${CONFIG[@]}" --run-dir "$WORK/runs" --steady-state --updates 24 --set train.compile=false \
         --variant "6250 x 4=train.max_tokens=6250,train.accumulate=4" \
         --variant "attention cudnn=train.attention=cudnn" \
-        --variant "attention efficient=train.attention=efficient"
+        --variant "attention efficient=train.attention=efficient" \
+        --variant "attention flash=train.attention=flash"
 }
 train() {
     local run=("${CONFIG[@]}" --set run_dir="$WORK/runs" --set name=wmt14_base_train --set train.log_every=50 --set train.eval_every=100000 --set train.save_every=100
@@ -103,7 +106,7 @@ train() {
     return $code
 }
 tests() {
-    capped 120 $PY -m pytest -o addopts= -m cuda -q -rs --tb=short -p no:cacheprovider tests/test_cuda.py
+    capped 180 $PY -m pytest -o addopts= -m cuda -q -rs --tb=short -p no:cacheprovider tests/test_cuda.py
     local code=$?
     # every test skipped (no usable GPU) is no pass: pytest's last line says "N skipped in" without "passed"
     local last

@@ -34,11 +34,15 @@ def table(stdout: str, header: str) -> dict[str, list[str]]:
 
 
 def test_steady_state_counts_no_synchronisation_in_an_update(tmp_path):
-    out = bench(tmp_path, "--steady-state", "--updates", "3", "--variant", "acc 2=train.accumulate=2")
+    # torch's CPU attention is its flash kernel (attention settings are for GPUs): that variant is the configured run
+    flash = ("--variant", "flash=train.attention=flash")
+    out = bench(tmp_path, "--steady-state", "--updates", "3", "--variant", "acc 2=train.accumulate=2", *flash)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("machine: CPU capability")
     rows = table(out.stdout, "variant")
     assert set(rows) == {"as configured", "acc 2"}, out.stdout
+    assert rows["as configured"][-1] == "flash_attention_for_cpu"
+    assert "== flash: skipped, the configured run's kernel already (flash_attention_for_cpu)" in out.stdout
     for cols in rows.values():
         assert float(cols[0].replace(",", "")) > 0  # target tokens/s
         assert cols[5] == "0"  # synchronisations per update: the trainer's update waits on nothing

@@ -1,6 +1,7 @@
 """CUDA paths: mixed precision training (bf16, fp16 with the gradient scaler), the precision
 chosen by `auto`, updates without synchronisation, the additive padding mask, half-precision
-decoding against fp32, and the CUDA RNG state of checkpoints.
+decoding against fp32, the CUDA RNG state of checkpoints, and updates under each
+train.attention kernel.
 
 `pytest -m cuda` runs them where a GPU is (scripts/gpu_check.sh does, with the benchmarks);
 on a machine without one each test skips with the reason."""
@@ -14,6 +15,7 @@ from conftest import FIXTURES, run_cli, tiny_config
 from translate.checkpoint import load_checkpoint, rng_state, set_rng_state
 from translate.config import ModelConfig, load_config
 from translate.decoding import translate_lines
+from translate.errors import UserError
 from translate.inference import load_models
 from translate.model import Transformer
 from translate.options import SearchOptions
@@ -45,7 +47,7 @@ def test_fp16_trains_with_the_gradient_scaler(tmp_path):
 
 def test_checkpoint_rng_state_restores_cuda_draws():
     torch.cuda.manual_seed_all(3)
-    state = rng_state()
+    state = rng_state(cuda=True)
     first = torch.rand(8, device="cuda")
     torch.rand(100, device="cuda")  # move on
     set_rng_state(state)
@@ -85,6 +87,21 @@ def test_training_updates_on_the_gpu_make_no_synchronisation(tmp_path, amp):
     assert not any(bool(r.skipped) for r in results) or amp == "fp16"  # fp16 may skip while its scale settles
     assert all(torch.isfinite(r.loss) for r in results)
     t.close()
+
+
+@pytest.mark.parametrize("attention", ["auto", "cudnn", "flash", "efficient", "math"])
+def test_every_attention_choice_trains(tmp_path, attention):
+    """Each train.attention makes bf16 updates with the padding mask (flash, which takes no mask,
+    with the memory-efficient kernel beside it); a kernel this GPU or torch lacks is a UserError."""
+    cfg = tiny_config(tmp_path, name=attention, amp="bf16", device="cuda", attention=attention)
+    t = Trainer(load_config(cfg), resume=False)
+    try:
+        results = [t.update(p.batches, p.all_ntokens) for p in itertools.islice(t.planned_updates(0, 0), 3)]
+    except UserError as e:
+        pytest.skip(str(e))
+    finally:
+        t.close()
+    assert all(torch.isfinite(r.loss) and not bool(r.skipped) for r in results)
 
 
 def test_the_additive_padding_mask_gives_the_boolean_masks_output():

@@ -874,6 +874,21 @@ def test_out_of_memory_while_training_names_the_settings(cli, run_copy, monkeypa
     assert not changed(before)
 
 
+def test_an_attention_kernel_torch_cannot_run_is_named(cli, run_copy, monkeypatch):
+    """train.attention limits torch to kernels that may not run on this GPU, torch or shape: its
+    "No available kernel" RuntimeError becomes the setting's one line."""
+    copy, options = run_copy
+    before = snapshot(copy / "checkpoints")
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    monkeypatch.setattr("translate.model.Transformer.forward", refused)
+    code, _, err = cli("train", *options, "--set", "train.attention=cudnn", "--resume")
+    assert_one_error(code, err, "train.attention cudnn", "no such attention kernel", "use auto", logs=True)
+    assert not changed(before)
+
+
 def test_atomic_write_lands_whole_or_not_at_all(tmp_path):
     from translate.textio import atomic_write
 

@@ -192,14 +192,16 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[Tr
 # ---------------------------------------------------------------------------- training state
 
 
-def rng_state() -> dict[str, Any]:
+def rng_state(cuda: bool) -> dict[str, Any]:
+    """The random generators' states; the GPUs' where `cuda` (the run trains on one: a CPU run on a
+    machine with a GPU starts no CUDA context to save them)."""
     np_state = np.random.get_state()
     state = {
         "python": random.getstate(),
         "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
+    if cuda:
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 

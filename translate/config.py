@@ -120,6 +120,7 @@ class TrainConfig:
     )
     compile: bool = False
     # the scaled-dot-product attention kernel on a GPU: auto (torch's choice) or only cudnn | flash | efficient | math
+    # (flash takes no padding mask: flash for the decoder's self-attention, efficient for the rest)
     attention: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     threads: Optional[int] = None  # CPU threads (torch.set_num_threads)

@@ -241,22 +241,30 @@ def choose_decode_dtype(dtype: str, device: torch.device) -> tuple[str, str]:
     return dtype, f"--dtype {dtype}"
 
 
-SDPA_KERNELS = {
-    "cudnn": "CUDNN_ATTENTION",
-    "flash": "FLASH_ATTENTION",
-    "efficient": "EFFICIENT_ATTENTION",
-    "math": "MATH",
+SDPA_KERNELS = {  # train.attention -> the kernels torch may choose among
+    "cudnn": ("CUDNN_ATTENTION",),
+    # flash takes no padding mask: it runs the decoder's self-attention (causal, unmasked), the
+    # memory-efficient kernel the calls with a mask (the encoder's self-attention, cross-attention)
+    "flash": ("FLASH_ATTENTION", "EFFICIENT_ATTENTION"),
+    "efficient": ("EFFICIENT_ATTENTION",),
+    "math": ("MATH",),
 }
 
 
 def attention_kernels(name: str, device: torch.device) -> AbstractContextManager:
-    """A context in which scaled-dot-product attention uses only kernel `name` (train.attention) on a
-    GPU; `auto`, and any choice on other devices, leave it to torch."""
+    """A context in which scaled-dot-product attention uses only the kernels of `name`
+    (train.attention, see SDPA_KERNELS) on a GPU; `auto`, and any choice on other devices, leave it
+    to torch."""
     if name == "auto" or device.type != "cuda":
         return nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    return sdpa_kernel([getattr(SDPBackend, SDPA_KERNELS[name])])
+    return sdpa_kernel([getattr(SDPBackend, kernel) for kernel in SDPA_KERNELS[name]])
+
+
+def no_attention_kernel(error: BaseException) -> bool:
+    """Whether `error` is torch's refusal of every attention kernel it was allowed (train.attention)."""
+    return isinstance(error, RuntimeError) and "No available kernel" in str(error)
 
 
 def describe_machine() -> str:

@@ -69,6 +69,7 @@ from translate.hardware import (
     choose_padding,
     cpu_info,
     is_out_of_memory,
+    no_attention_kernel,
     precision_name,
     release_free_memory,
     reset_host_memory_peak,
@@ -453,6 +454,11 @@ class Trainer:
                     loss, nll = self.forward_loss(batch)
                     self.scaler.scale(loss * scale).backward()
             except (RuntimeError, MemoryError) as e:
+                if no_attention_kernel(e) and self.cfg.train.attention != "auto":
+                    raise UserError(
+                        f"train.attention {self.cfg.train.attention}: torch has no such attention kernel for this "
+                        f"model on {self.device} (a GPU, torch or shape it does not support); use auto"
+                    ) from None
                 if not is_out_of_memory(e):
                     raise
                 (B, S), T, t = batch.src.shape, batch.tgt_in.size(1), self.cfg.train
@@ -560,7 +566,7 @@ class Trainer:
 
     def _gather_rng(self) -> list[dict[str, Any]]:
         """Every rank's RNG state (rank order), so a resumed DDP run draws the same dropout masks."""
-        state = rng_state()
+        state = rng_state(cuda=self.device.type == "cuda")
         if not self.distributed:
             return [state]
         states: list[Any] = [None] * self.world
