@@ -733,6 +733,27 @@ def test_resume_or_prepare_after_the_source_files_changed_changes_nothing(cli, r
     assert not changed(before)
 
 
+def test_resume_from_another_directory_of_relative_data_paths_says_where(cli, tmp_path, monkeypatch):
+    """Data paths relative to the working directory, resumed from another one: the files are not
+    'gone, new or changed', they are looked for elsewhere; the message names where they were read."""
+    project = tmp_path / "project"
+    shutil.copytree(FIXTURES, project / "corpus", ignore=shutil.ignore_patterns("documents", "glossary", "sources"))
+    relative = {split: f"corpus/bible.{split}" for split in ("train", "valid", "test")}
+    cfg = tiny_config(tmp_path, data=relative, max_steps=2, eval_every=2, save_every=2)
+    monkeypatch.chdir(project)
+    code, _, err = cli("train", "--config", str(cfg))
+    assert code == 0, err
+    config = tmp_path / "runs" / "e2e" / "config.yaml"
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    before = snapshot(tmp_path / "runs" / "e2e" / "checkpoints", tmp_path / "runs" / "e2e" / "data")
+    for command in (["train", "--resume"], ["prepare"]):
+        code, _, err = cli(command[0], "--config", str(config), *command[1:])
+        where = f"is not found from {tmp_path / 'elsewhere'}, where the config's relative data paths lead now"
+        assert_one_error(code, err, "corpus/bible.", where, f"run from {project}, where it was prepared")
+    assert not changed(before)
+
+
 def test_a_checkpoint_saved_without_checksums_loads(trained_run, tmp_path):
     if not hasattr(torch.serialization, "set_crc32_options"):
         pytest.skip("this torch always writes checksums")

@@ -221,6 +221,20 @@ def test_files_missing_file_is_named(tmp_path: Path) -> None:
         files(str(tmp_path / "only.en"))
 
 
+def test_files_compressed_or_a_directory_is_said(tmp_path: Path) -> None:
+    """Compressed files are not read: a .gz given, or found where PREFIX.en was looked for, is said
+    as such (not 'file not found'); a directory given as a prefix too."""
+    write(tmp_path / "t.tsv.gz", b"\x1f\x8b\x08\x00")
+    with pytest.raises(UserError, match=r"data.train: .*t.tsv.gz: compressed files are not read; decompress it"):
+        files(str(tmp_path / "t.tsv.gz"))
+    write(tmp_path / "p.en.gz", b"\x1f\x8b\x08\x00")
+    write(tmp_path / "p.fr.gz", b"\x1f\x8b\x08\x00")
+    with pytest.raises(UserError, match=r"data.train: .*p.en is not there but .*p.en.gz is: compressed files"):
+        files(str(tmp_path / "p"))
+    with pytest.raises(UserError, match=r"data.train: .* is a directory; give PREFIX \(for PREFIX.en \+ PREFIX.fr\)"):
+        files(str(tmp_path))
+
+
 # ------------------------------------------------------------------------------ hub
 
 datasets = pytest.importorskip("datasets")
@@ -272,6 +286,26 @@ def test_hub_path_not_found_and_subset_of_a_saved_dataset_are_one_line(tmp_path:
     datasets.Dataset.from_dict({"en": ["a"], "fr": ["b"]}).save_to_disk(str(tmp_path / "one"))
     with pytest.raises(UserError, match="data.subset 'xx-yy': .*one was saved with save_to_disk"):
         hub(tmp_path / "one", subset="xx-yy")
+
+
+def test_hub_data_files_it_cannot_read_are_one_line(tmp_path: Path) -> None:
+    """A directory of data files (no save_to_disk) with a bad line, split files of other columns, a
+    damaged Parquet file: one line naming the dataset (not the unset data.subset), not a traceback."""
+    bad, unlike, cut = (tmp_path / name for name in ("bad", "unlike", "cut"))
+    for d in (bad, unlike, cut):
+        d.mkdir()
+    write(bad / "train.jsonl", b'{"en": "a", "fr": "b"}\nnot json\n')
+    with pytest.raises(UserError, match=r"data.dataset: cannot read '.*bad' \("):
+        hub(bad)
+    write(unlike / "train.jsonl", b'{"en": "a", "fr": "b"}\n')
+    write(unlike / "test.jsonl", b'{"x": "a"}\n')
+    with pytest.raises(UserError, match=r"data.dataset: cannot read '.*unlike' \(its data files' columns differ"):
+        hub(unlike)
+    datasets.Dataset.from_dict({"en": ["a"] * 50, "fr": ["b"] * 50}).to_parquet(str(tmp_path / "whole.parquet"))
+    write(cut / "train.parquet", (tmp_path / "whole.parquet").read_bytes()[:300])
+    with pytest.raises(UserError, match=r"^data.dataset '.*cut': ") as e:
+        hub(cut)
+    assert "subset" not in str(e.value)
 
 
 def test_hub_unknown_dataset_fails_fast_offline(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -460,6 +460,7 @@ def prepare(cfg: Config, force: bool = False) -> Path:
             os.replace(path, data_dir / path.name)
         tok.save(run / "spm.model")  # before the fingerprint, which may hash it (vocabulary_hash)
         meta = {"fingerprint": fingerprint(cfg), "sources": source_sizes(cfg), "sources_exact": True}
+        meta["cwd"] = os.getcwd()  # where relative source paths were read from
         meta.update(vocab_size=tok.vocab_size, splits=stats)
         with atomic_write(meta_path) as f:  # last, and whole or not at all: it marks the data prepared
             f.write(json.dumps(meta, indent=2))

@@ -4,6 +4,7 @@ TensorBoard events cut back on resume, and the last.pt / best.pt links."""
 from __future__ import annotations
 
 import fcntl
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from translate.adapt import resumed_config
 from translate.checkpoint import check_resumable, load_checkpoint, newest_checkpoint
 from translate.config import Config, agrees, config_to_dict
 from translate.errors import UserError
-from translate.prepare import changed_sources
+from translate.prepare import changed_sources, read_meta
 
 
 class RunLock:
@@ -74,12 +75,20 @@ def check_run_dir(cfg: Config, resume: bool, saved: dict[str, Any] | None = None
 
 def refuse_changed_sources(cfg: Config, doing: str) -> None:
     """A UserError where a source file of the run's prepared data is gone, new or of another size since."""
-    if changed := changed_sources(cfg):
+    if not (changed := changed_sources(cfg)):
+        return
+    then = (read_meta(cfg) or {}).get("cwd")
+    elsewhere = then is not None and then != os.getcwd()  # meta.json of earlier versions does not say
+    if elsewhere and all(not Path(p).is_absolute() and not Path(p).exists() for p in changed):
         raise UserError(
-            f"cannot {doing}: {changed[0]} is gone, new or changed since {cfg.run_path / 'data'} was prepared from it"
-            f"{f' (and {len(changed) - 1} more)' if len(changed) > 1 else ''}; the checkpoints were trained on "
-            "the data as it was: put the files back, or train a new run on them (--set name=...)"
+            f"cannot {doing}: {changed[0]} is not found from {os.getcwd()}, where the config's relative data "
+            f"paths lead now; run from {then}, where it was prepared (cd there), or give the data paths as absolute"
         )
+    raise UserError(
+        f"cannot {doing}: {changed[0]} is gone, new or changed since {cfg.run_path / 'data'} was prepared from it"
+        f"{f' (and {len(changed) - 1} more)' if len(changed) > 1 else ''}; the checkpoints were trained on "
+        "the data as it was: put the files back, or train a new run on them (--set name=...)"
+    )
 
 
 UNCHECKED = {"data": ("num_workers",)}  # settings that change how, not what, a run prepares or trains

@@ -207,6 +207,9 @@ def fetch_bible_db(cache: Path) -> Path:
 # ------------------------------------------------------------------------------ files
 
 
+COMPRESSED_SUFFIXES = (".gz", ".xz", ".zst", ".bz2", ".zip")
+
+
 def files_source(cfg: DataConfig) -> dict[str, Iterable[Pair] | None]:
     """Pairs from `data.train/valid/test`: each a PREFIX (PREFIX.en + PREFIX.fr), a .tsv or a .jsonl."""
     out: dict[str, Iterable[Pair] | None] = {}
@@ -216,6 +219,13 @@ def files_source(cfg: DataConfig) -> dict[str, Iterable[Pair] | None]:
             out[split] = None
             continue
         path = Path(spec).expanduser()
+        if path.suffix.lower() in COMPRESSED_SUFFIXES and path.is_file():
+            raise UserError(f"data.{split}: {path}: compressed files are not read; decompress it first")
+        if path.is_dir():
+            raise UserError(
+                f"data.{split}: {path} is a directory; give PREFIX (for PREFIX.{cfg.src_lang} + "
+                f"PREFIX.{cfg.tgt_lang}), a .tsv or a .jsonl (a dataset's directory: data.source hub, data.dataset)"
+            )
         if path.suffix.lower() in (".tsv", ".jsonl"):  # corpus.TSV too
             _check_file(path, f"data.{split}")
             reader = read_tsv if path.suffix.lower() == ".tsv" else read_jsonl
@@ -240,6 +250,9 @@ def _check_file(path: Path, key: str) -> None:
     if path.is_dir():
         raise UserError(f"{key}: {path} is a directory, not a text file")
     if not path.is_file():
+        packed = next((f"{path}{x}" for x in COMPRESSED_SUFFIXES if Path(f"{path}{x}").is_file()), None)
+        if packed:
+            raise UserError(f"{key}: {path} is not there but {packed} is: compressed files are not read; decompress it")
         prefix = path.suffix.lower() not in (".tsv", ".jsonl")
         hint = " (data.train/valid/test: a .tsv, a .jsonl, or PREFIX for PREFIX.<src_lang> + PREFIX.<tgt_lang>)"
         raise UserError(f"{key}: file not found: {path}{hint if prefix else ''}")
@@ -381,8 +394,8 @@ def _load_hub(datasets: Any, name: str, subset: str | None) -> Any:
     offline = getattr(datasets.config, "HF_HUB_OFFLINE", False) or datasets.config.HF_DATASETS_OFFLINE
     if not offline and not Path(name).is_dir() and not hub_reachable(datasets.config.HF_ENDPOINT):
         raise UserError(
-            f"cannot reach the Hugging Face Hub ({datasets.config.HF_ENDPOINT}) to load '{name}'; {OFFLINE_HINT} "
-            "(a dataset already in your cache loads with HF_HUB_OFFLINE=1)"
+            f"cannot reach the Hugging Face Hub ({datasets.config.HF_ENDPOINT}) to load '{name}', nor is it a "
+            f"directory here; {OFFLINE_HINT} (a dataset already in your cache loads with HF_HUB_OFFLINE=1)"
         )
     try:
         return datasets.load_dataset(name, subset)
@@ -392,8 +405,13 @@ def _load_hub(datasets: Any, name: str, subset: str | None) -> Any:
     except FileNotFoundError as e:
         why = _first_line(e)
         raise UserError(f"data.dataset: '{name}' does not exist on the Hugging Face Hub or on disk ({why})") from None
-    except ValueError as e:  # e.g. an unknown subset: the message lists the known ones
-        raise UserError(f"data.dataset '{name}', data.subset {subset!r}: {_first_line(e)}") from None
+    except ValueError as e:  # e.g. an unknown subset (the message lists the known ones), a damaged file
+        where = f"data.dataset '{name}', data.subset {subset!r}" if subset else f"data.dataset '{name}'"
+        raise UserError(f"{where}: {_first_line(e)}") from None
+    except datasets.builder.DatasetGenerationError as e:  # a data file it cannot read: a bad line, split files unlike
+        lines = str(e.__cause__ or e).strip().splitlines() or [type(e).__name__]
+        why = f"its data files' columns differ: {lines[-1]}" if lines[0].startswith("Couldn't cast") else lines[0]
+        raise UserError(f"data.dataset: cannot read '{name}' ({why})") from None
     except RuntimeError as e:  # datasets >= 4 no longer runs loading scripts
         if "scripts" not in str(e):
             raise
