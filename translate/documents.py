@@ -7,14 +7,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
 
 from translate.errors import UserError
 from translate.html_document import translate_html
 from translate.markdown_document import translate_markdown
 from translate.segment import translate_paragraphs
 
-Format = Literal["text", "html", "markdown"]
 FORMATS: tuple[str, ...] = ("text", "html", "markdown")
 EXTENSIONS = {".html": "html", ".htm": "html", ".xhtml": "html", ".md": "markdown", ".markdown": "markdown"}
 
