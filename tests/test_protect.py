@@ -248,6 +248,17 @@ def test_protector_restores_every_span_exactly_once_even_when_the_model_does_not
     assert protector.repaired == 3 and protector.lines == 3
 
 
+def test_an_nbest_list_restored_holds_each_text_once():
+    """Hypotheses that differ only in their placeholders (one twice, a space between two) restore to
+    one text: kept once, with the best score, the list still as long as asked (the last repeated)."""
+    protector = Protector(CLASSES, _Tok(True))
+    (masked,) = protector.mask_lines(["12345"])
+    assert masked == "⦅0⦆"
+    nbest = [("⦅0⦆", -1.5), ("⦅0⦆⦅0⦆", -1.8), ("⦅0⦆ ⦅0⦆", -2.1), ("le ⦅0⦆", -2.5)]
+    (out,) = protector.restore([nbest])
+    assert out == [("12345", -1.5), ("le 12345", -2.5), ("le 12345", -2.5), ("le 12345", -2.5)]
+
+
 def test_without_classes_markup_and_typed_placeholders_are_still_protected():
     """--no-protect (no classes) leaves URLs and numbers to the model, not a document's markup
     (markup.py's private-use characters) nor a placeholder typed in the input."""
@@ -257,6 +268,22 @@ def test_without_classes_markup_and_typed_placeholders_are_still_protected():
     assert "\ue000" not in masked and "https://x.org" in masked and "⦅7⦆" not in masked
     (out,) = protector.restore([[(masked, -1.0)]])
     assert out[0][0] == line
+
+
+def test_characters_the_vocabulary_lacks_come_back_as_they_are_where_they_stand_apart():
+    """A run of characters with no piece (emoji, another script) apart from words is a span: the
+    model would make up words for its unknown pieces. Inside a word it is left to the model, and
+    --no-protect (no classes) leaves it too."""
+    tok = _Tok(True)
+    assert tok.sp.unk_id() in tok.sp.encode("😀") and tok.sp.unk_id() not in tok.sp.encode("a")
+    lines = ["Save 😀😀 now", "שלום עולם", "l😀l", "(😀)", "Save the file"]
+    protector = Protector(CLASSES, tok)
+    masked = list(protector.mask_lines(lines))
+    assert masked == ["Save ⦅0⦆ now", "⦅0⦆ ⦅1⦆", "l😀l", "(⦅0⦆)", "Save the file"]
+    outputs = ["Enregistrer ⦅0⦆ maintenant", "⦅1⦆ ⦅0⦆", "l l", "(⦅0⦆)", "Enregistrer le fichier"]
+    restored = [n[0][0] for n in protector.restore([[(out, -1.0)] for out in outputs])]
+    assert restored == ["Enregistrer 😀😀 maintenant", "עולם שלום", "l l", "(😀)", "Enregistrer le fichier"]
+    assert list(Protector([], tok).mask_lines(lines)) == lines
 
 
 def test_protector_is_off_for_a_vocabulary_without_placeholders():

@@ -27,12 +27,18 @@ such units come back in the source's order, as markup.py puts markup back), and 
 whole sentence with no other markup inside (a link, an image's text; a final . ! ? after it stays
 outside) is taken off before and put back around the translation (`mask_sentence`).
 
-Two more kinds of span are protected whatever the classes:
+Three more kinds of span are protected whatever the classes:
 
     markup   a private-use character (U+E000-U+F8FF, planes 15 and 16): markup.py stands one for each inline
              tag or piece of Markdown syntax within a sentence; no other span runs across one
     term     an entry of a glossary (glossary.py): it comes back as the entry's target term
     literal  a placeholder's own text in the input (`⦅1⦆`): it comes back as it was, not as a span of its own
+
+and, with the classes (not with `--no-protect`), at decoding:
+
+    unknown  a run of characters the vocabulary has no piece for (emoji, a script it never saw), standing
+             apart from words (`Hello 😀 world`, not the ’ of `don’t`): copied, where the model would
+             have made up words for unknown pieces (UnknownCharacters)
 
 A glossary's terms compete with the classes' spans by the same rule (the first to start wins,
 then the longest): a term inside a URL or a tag is part of it and left alone, a term that
@@ -105,7 +111,7 @@ class Span:
     start: int
     end: int
     text: str
-    kind: str  # a class of CLASSES, "markup", "term" or "escape"
+    kind: str  # a class of CLASSES, "markup", "literal", "term", "unknown" or "escape"
     output: str | None = None  # what comes back in its place (None: the text itself)
 
 
@@ -290,6 +296,53 @@ def has_placeholders(tokenizer) -> bool:
     return all(tokenizer.sp.piece_to_id(s) != tokenizer.sp.unk_id() for s in placeholder_symbols())
 
 
+class UnknownCharacters:
+    """The runs of characters a vocabulary has no piece for (emoji, a script it never saw) that stand
+    apart from words: the model would see unknown pieces and make up words for them; as a span they
+    come back as they are. A run inside a word (don’t with a vocabulary that lacks ’) is left to the
+    model, since a placeholder there would break the word."""
+
+    def __init__(self, tokenizer) -> None:
+        self.sp = tokenizer.sp
+        self.unknown: dict[str, bool] = {}  # by character, as met
+
+    def _unknown(self, char: str) -> bool:
+        if (unknown := self.unknown.get(char)) is None:
+            own = char in (OPEN, CLOSE) or MARKUP.match(char)  # spans of their own (a literal, markup)
+            unknown = self.unknown[char] = not own and self.sp.unk_id() in self.sp.encode(char)
+        return unknown
+
+    def find(self, text: str) -> list[Span]:
+        spans, i, n = [], 0, len(text)
+        while i < n:
+            if not self._unknown(text[i]):
+                i += 1
+                continue
+            j = i + 1
+            while j < n and self._unknown(text[j]):
+                j += 1
+            if (i == 0 or not text[i - 1].isalnum()) and (j == n or not text[j].isalnum()):
+                spans.append(Span(i, j, text[i:j], "unknown"))
+            i = j
+        return spans
+
+    def __bool__(self) -> bool:
+        return True
+
+
+class _Both:
+    """A glossary's terms and the unknown characters' runs, as one Terms for find_spans."""
+
+    def __init__(self, *finders: Terms | None) -> None:
+        self.finders = [f for f in finders if f]
+
+    def find(self, text: str) -> list[Span]:
+        return [span for finder in self.finders for span in finder.find(text)]
+
+    def __bool__(self) -> bool:
+        return bool(self.finders)
+
+
 class Protector:
     """Masks the lines going into translation and restores the translations coming out, in order
     (a FIFO of the lines' spans: translations come back in input order)."""
@@ -306,6 +359,8 @@ class Protector:
         if self.classes and not self.enabled and not Protector.warned:
             Protector.warned = True
             log.warning("this vocabulary has no placeholder pieces (data.protect_share was 0): spans not protected")
+        # with the classes (not with --no-protect): a vocabulary's unknown characters standing apart
+        self.terms = _Both(self.glossary, UnknownCharacters(tokenizer) if self.classes and self.enabled else None)
         self.pending: deque[Masked] = deque()
         self.lines = self.repaired = 0
 
@@ -314,7 +369,7 @@ class Protector:
             yield from lines
             return
         for line in lines:
-            masked = mask_sentence(line, self.classes, self.glossary)
+            masked = mask_sentence(line, self.classes, self.terms or None)
             self.pending.append(masked)
             yield masked.text
 
@@ -325,12 +380,14 @@ class Protector:
         for nbest in translations:
             masked = self.pending.popleft()
             self.lines += 1
-            out = []
+            out, seen = [], set()
             for k, (text, score) in enumerate(nbest):
                 restored, changed = masked.restore(text)
                 self.repaired += changed and k == 0
-                out.append((restored, score))
-            yield out
+                if restored not in seen:  # hypotheses that differ only in their placeholders: one text, the best
+                    seen.add(restored)
+                    out.append((restored, score))
+            yield out + out[-1:] * (len(nbest) - len(out))  # as many as asked, the last repeated (as the search does)
         if self.repaired:
             log.warning(
                 f"{self.repaired} of {self.lines} translations (sentences, or lines with --no-split): the model did not "
