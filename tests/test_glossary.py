@@ -170,8 +170,8 @@ def test_protected_with_an_empty_glossary_decodes_as_decoding_does(trained_run):
         return [n[0][0] for n in translate_lines(models, tokenizer, batch, search, workers=1, protect=protect)]
 
     expected = decode(lines, cfg.decode.protect)
-    assert protected(decode, cfg.decode.protect, Glossary({}))(lines) == expected
-    assert protected(decode, cfg.decode.protect)(lines) == expected
+    assert protected(decode, cfg.decode.protect, Glossary({}), tokenizer)(lines) == expected
+    assert protected(decode, cfg.decode.protect, tokenizer=tokenizer)(lines) == expected
 
 
 def test_a_real_model_outputs_every_term_as_its_target_exactly_once(trained_run):

@@ -405,13 +405,16 @@ def protected(
     translate_batch: Callable[[list[str]], list[str]],
     classes: Sequence[str] = CLASSES,
     glossary: Terms | None = None,
+    tokenizer=None,
 ) -> Callable[[list[str]], list[str]]:
     """`translate_batch` (sentences in, translations out, placeholders passed through as they are)
-    with the spans of `classes`, the markup characters and the glossary's terms masked before
-    and restored after, as Protector does inside decoding."""
+    with the spans of `classes`, the markup characters, the glossary's terms and (given the model's
+    `tokenizer`, with classes) the characters it has no piece for masked before and restored after,
+    as Protector does inside decoding."""
+    terms = _Both(glossary, UnknownCharacters(tokenizer) if tokenizer is not None and classes else None)
 
     def translate(sentences: list[str]) -> list[str]:
-        masked = [mask_sentence(s, classes, glossary) for s in sentences]
+        masked = [mask_sentence(s, classes, terms or None) for s in sentences]
         outputs = translate_batch([m.text for m in masked]) if masked else []
         return [m.restore(out)[0] for out, m in zip(outputs, masked, strict=True)]
 
