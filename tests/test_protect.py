@@ -233,6 +233,7 @@ class _Tok:
     def __init__(self, ok: bool) -> None:
         self.tok = Tokenizer.train(software_strings() * 3, 150, user_symbols=placeholder_symbols() if ok else ())
         self.sp = self.tok.sp
+        self.encode = self.tok.encode
 
 
 def test_protector_restores_every_span_exactly_once_even_when_the_model_does_not():
@@ -284,6 +285,18 @@ def test_characters_the_vocabulary_lacks_come_back_as_they_are_where_they_stand_
     restored = [n[0][0] for n in protector.restore([[(out, -1.0)] for out in outputs])]
     assert restored == ["Enregistrer 😀😀 maintenant", "עולם שלום", "l l", "(😀)", "Enregistrer le fichier"]
     assert list(Protector([], tok).mask_lines(lines)) == lines
+
+
+def test_typographic_punctuation_the_vocabulary_lacks_is_read_as_its_plain_form():
+    """A vocabulary of straight quotes and hyphens reads ’ “ ” — as ' " " - (not as unknown pieces,
+    nor as spans of unknown characters); one that has a typographic form keeps it."""
+    tok = _Tok(True)
+    assert tok.sp.unk_id() in tok.sp.encode("’") and tok.sp.unk_id() not in tok.sp.encode("'")
+    assert tok.encode(["Can’t “open” it — now"]) == tok.encode(['Can\'t "open" it - now'])
+    assert list(Protector(CLASSES, tok).mask_lines(["“Save” ’it’"])) == ["“Save” ’it’"]
+    curly = Tokenizer.train(["l’eau « claire » et l'air"] * 50, 19)
+    assert curly.sp.unk_id() not in curly.encode(["l’eau « claire »"])[0]
+    assert curly.encode(["l’eau"]) != curly.encode(["l'eau"])  # ’ is its own piece there: left as it is
 
 
 def test_protector_is_off_for_a_vocabulary_without_placeholders():

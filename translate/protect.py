@@ -303,13 +303,13 @@ class UnknownCharacters:
     model, since a placeholder there would break the word."""
 
     def __init__(self, tokenizer) -> None:
-        self.sp = tokenizer.sp
+        self.tokenizer = tokenizer  # its encode: a character it reads as another (’ as ') is known
         self.unknown: dict[str, bool] = {}  # by character, as met
 
     def _unknown(self, char: str) -> bool:
         if (unknown := self.unknown.get(char)) is None:
             own = char in (OPEN, CLOSE) or MARKUP.match(char)  # spans of their own (a literal, markup)
-            unknown = self.unknown[char] = not own and self.sp.unk_id() in self.sp.encode(char)
+            unknown = self.unknown[char] = not own and self.tokenizer.sp.unk_id() in self.tokenizer.encode([char])[0]
         return unknown
 
     def find(self, text: str) -> list[Span]:

@@ -20,6 +20,15 @@ log = logging.getLogger("translate")
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3  # the token ids every model and data file uses
 
+# Typographic punctuation a vocabulary may lack (one learned from straight quotes and hyphens): in text
+# to translate, each is read as its plain form where the vocabulary has that and not it (I don’t know
+# would be I don<unk>t know), as Moses' punctuation normalisation does before translation.
+PLAIN_PUNCTUATION = {
+    **dict.fromkeys("’‘‚′´`", "'"),
+    **dict.fromkeys("“”„″«»", '"'),
+    **dict.fromkeys("‐‑‒–—―−", "-"),
+}
+
 
 class Tokenizer:
     def __init__(self, model_bytes: bytes) -> None:
@@ -28,6 +37,8 @@ class Tokenizer:
         ids = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
         if ids != (PAD, UNK, BOS, EOS):
             raise UserError(f"SentencePiece model has PAD/UNK/BOS/EOS ids {ids}, expected (0, 1, 2, 3)")
+        lacks = {c: UNK in self.sp.encode(c) for c in {*PLAIN_PUNCTUATION, *PLAIN_PUNCTUATION.values()}}
+        self.plain = str.maketrans({c: p for c, p in PLAIN_PUNCTUATION.items() if lacks[c] and not lacks[p]})
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
@@ -96,8 +107,9 @@ class Tokenizer:
         return self.sp.get_piece_size()
 
     def encode(self, texts: list[str]) -> list[list[int]]:
-        """Texts -> piece ids (no BOS/EOS)."""
-        return self.sp.encode(texts, out_type=int)
+        """Texts to translate -> piece ids (no BOS/EOS), typographic punctuation the vocabulary lacks
+        read as its plain form (PLAIN_PUNCTUATION; the prepared data is encoded as it is)."""
+        return self.sp.encode([t.translate(self.plain) for t in texts] if self.plain else texts, out_type=int)
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         """Piece ids -> detokenized text; PAD/BOS/EOS are dropped, and the space of a last bare '▁' piece
@@ -107,7 +119,7 @@ class Tokenizer:
         ]
 
     def pieces(self, text: str) -> list[str]:
-        return self.sp.encode(text, out_type=str)
+        return self.sp.encode(text.translate(self.plain), out_type=str)
 
     def id_to_piece(self, i: int) -> str:
         return self.sp.id_to_piece(i)
