@@ -225,8 +225,9 @@ stored in Marian's order (sines, then cosines): the outputs are those of the che
 
 DIFFERS = """
 The model translates each input as one sequence, as it is: unlike `translate decode`, nothing cuts
-paragraphs into sentences, masks protected spans (numbers, URLs, placeholders, markup) or applies a
-glossary. Give it one sentence at a time.
+paragraphs into sentences, masks protected spans (numbers, URLs, placeholders, markup, characters the
+vocabulary lacks), reads typographic quotes and dashes the vocabulary lacks as their plain forms
+(’ as ') or applies a glossary. Give it one sentence at a time.
 """
 
 
