@@ -280,11 +280,23 @@ def test_characters_the_vocabulary_lacks_come_back_as_they_are_where_they_stand_
     lines = ["Save 😀😀 now", "שלום עולם", "l😀l", "(😀)", "Save the file"]
     protector = Protector(CLASSES, tok)
     masked = list(protector.mask_lines(lines))
-    assert masked == ["Save ⦅0⦆ now", "⦅0⦆ ⦅1⦆", "l😀l", "(⦅0⦆)", "Save the file"]
-    outputs = ["Enregistrer ⦅0⦆ maintenant", "⦅1⦆ ⦅0⦆", "l l", "(⦅0⦆)", "Enregistrer le fichier"]
+    assert masked == ["Save ⦅0⦆ now", "⦅0⦆", "l😀l", "(⦅0⦆)", "Save the file"]
+    outputs = ["Enregistrer ⦅0⦆ maintenant", "⦅0⦆", "l l", "(⦅0⦆)", "Enregistrer le fichier"]
     restored = [n[0][0] for n in protector.restore([[(out, -1.0)] for out in outputs])]
-    assert restored == ["Enregistrer 😀😀 maintenant", "עולם שלום", "l l", "(😀)", "Enregistrer le fichier"]
+    assert restored == ["Enregistrer 😀😀 maintenant", "שלום עולם", "l l", "(😀)", "Enregistrer le fichier"]
     assert list(Protector([], tok).mask_lines(lines)) == lines
+
+
+def test_unknown_characters_apart_by_spaces_are_one_span_and_give_way_to_the_classes():
+    """Runs of unknown characters with spaces between them take one placeholder; where a line has
+    more spans than placeholders, those runs are left unmasked before a URL or a number is."""
+    tok = _Tok(True)
+    (masked,) = Protector(CLASSES, tok).mask_lines(["😀 😀  😀 now 😀"])
+    assert masked == "⦅0⦆ now ⦅1⦆"
+    line = " x ".join(["😀"] * 25) + " see https://x.org at 10:30"
+    (masked,) = Protector(CLASSES, tok).mask_lines([line])
+    assert masked.count("⦅") == MAX_PLACEHOLDERS and "https" not in masked and "10:30" not in masked
+    assert masked.endswith(f"see ⦅{MAX_PLACEHOLDERS - 2}⦆ at ⦅{MAX_PLACEHOLDERS - 1}⦆")
 
 
 def test_typographic_punctuation_the_vocabulary_lacks_is_read_as_its_plain_form():
@@ -297,6 +309,28 @@ def test_typographic_punctuation_the_vocabulary_lacks_is_read_as_its_plain_form(
     curly = Tokenizer.train(["l’eau « claire » et l'air"] * 50, 19)
     assert curly.sp.unk_id() not in curly.encode(["l’eau « claire »"])[0]
     assert curly.encode(["l’eau"]) != curly.encode(["l'eau"])  # ’ is its own piece there: left as it is
+
+
+def test_unknown_characters_beside_a_number_go_with_it_and_a_word_it_reads_is_left_whole():
+    """With a vocabulary of letters alone (no digit, no € or %): a symbol touching a number shares
+    its placeholder (€25.99, 3.2%), a number with an en dash is one span, and a word with letters the
+    vocabulary knows (10:30am) is left to the model whole, as the number class leaves it."""
+    words = ["the price rose last week and the rent is due now", "le prix a monté la semaine dernière"]
+    tok = Tokenizer.train(words * 40, 54, user_symbols=placeholder_symbols())
+    assert tok.sp.unk_id() in tok.encode(["5"])[0]
+    lines = ["the price €25.99 rose 3.2% now", "at 10:30am", "won 3–1 now", "(€) ½"]
+    assert list(Protector(CLASSES, tok).mask_lines(lines)) == [
+        "the price ⦅0⦆ rose ⦅1⦆ now",
+        "at 10:30am",
+        "won ⦅0⦆ now",
+        "⦅0⦆",
+    ]
+
+
+def test_a_placeholder_run_into_the_next_word_is_parted_from_it_where_the_sources_was_not():
+    masked = mask_sentence("It costs 20 now and %sfoo")
+    assert masked.text == "It costs ⦅0⦆ now and ⦅1⦆foo"
+    assert masked.restore("Il coûte ⦅0⦆maintenant et ⦅1⦆bar")[0] == "Il coûte 20 maintenant et %sbar"
 
 
 def test_protector_is_off_for_a_vocabulary_without_placeholders():

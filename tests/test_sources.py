@@ -233,6 +233,10 @@ def test_files_compressed_or_a_directory_is_said(tmp_path: Path) -> None:
         files(str(tmp_path / "p"))
     with pytest.raises(UserError, match=r"data.train: .* is a directory; give PREFIX \(for PREFIX.en \+ PREFIX.fr\)"):
         files(str(tmp_path))
+    (tmp_path / "both").mkdir()  # a directory named as the prefix of two files beside it: the files are read
+    write(tmp_path / "both.en", b"one\ntwo\n")
+    write(tmp_path / "both.fr", b"un\ndeux\n")
+    assert list(files(str(tmp_path / "both"))["train"]) == [("one", "un"), ("two", "deux")]
 
 
 # ------------------------------------------------------------------------------ hub

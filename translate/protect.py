@@ -36,9 +36,10 @@ Three more kinds of span are protected whatever the classes:
 
 and, with the classes (not with `--no-protect`), at decoding:
 
-    unknown  a run of characters the vocabulary has no piece for (emoji, a script it never saw), standing
-             apart from words (`Hello 😀 world`, not the ’ of `don’t`): copied, where the model would
-             have made up words for unknown pieces (UnknownCharacters)
+    unknown  a run of characters the vocabulary has no piece for (emoji, a script it never saw), outside
+             the other spans and words it can read (`Hello 😀 world`, the `€` of `€25.99`, not the ’ of
+             `don’t`): copied, where the model would have made up words for unknown pieces
+             (UnknownCharacters)
 
 A glossary's terms compete with the classes' spans by the same rule (the first to start wins,
 then the longest): a term inside a URL or a tag is part of it and left alone, a term that
@@ -54,6 +55,7 @@ random, so every one of them is trained.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import re
@@ -70,6 +72,7 @@ CLASSES = ("printf", "format", "tag", "url", "email", "path", "number")
 MAX_PLACEHOLDERS = 20  # spans beyond these in one line are left as they are
 OPEN, CLOSE = "\u2985", "\u2986"
 PLACEHOLDER = re.compile(f"{OPEN}(\\d+){CLOSE}")
+_RUN_IN = re.compile(f"{PLACEHOLDER.pattern}(?=[^\\W\\d_])")  # a placeholder followed by a letter
 
 _END = r"[^\s<>\"'.,;:!?)\]}]"  # the last character of a URL: no trailing punctuation (a closing bracket: see _closed)
 PATTERNS: dict[str, str] = {
@@ -86,7 +89,7 @@ PATTERNS: dict[str, str] = {
     # a sign, groups of digits joined by . , - : / (3.14, 1,000, 2024-01-15, 10:30, 555-1234, 15/01/2024), taken
     # whole or not at all (10:30am: none of it, not 10); a telephone number in groups (+33 1 23 45 67 89, (555) 123-4567)
     "number": r"(?<![\w.,])(?:(?:\+\d{1,3}|\(\d{1,4}\))(?:[ .\-]\d{1,4}){2,6}(?![\w.,]?\d)"
-    r"|(?=([+\-\u2212]?\d+(?:[.,:/\-]\d+)*))\1)(?![\w])",
+    r"|(?=([+\-\u2212]?\d+(?:[.,:/\-\u2013]\d+)*))\1)(?![\w])",
 }
 _ESCAPES = {"printf": r"%%", "format": r"\{\{|\}\}"}  # consumed, never protected
 _COMPILED = {name: re.compile(p) for name, p in PATTERNS.items()}
@@ -132,9 +135,15 @@ def check_classes(classes: Sequence[str], key: str) -> str | None:
     return None
 
 
-def find_spans(text: str, classes: Sequence[str] = CLASSES, glossary: Terms | None = None) -> list[Span]:
+def find_spans(
+    text: str,
+    classes: Sequence[str] = CLASSES,
+    glossary: Terms | None = None,
+    unknown: UnknownCharacters | None = None,
+) -> list[Span]:
     """The protected spans of `text`, left to right, not overlapping (leftmost, then longest wins):
-    the classes' spans, the markup characters and the glossary's terms."""
+    the classes' spans, the markup characters, the glossary's terms, and the runs of characters the
+    vocabulary lacks outside them (`unknown`)."""
     shadow = MARKUP.sub(" ", text)  # no class's span runs across markup
     found = [
         Span(m.start(), end, text[m.start() : end], kind)
@@ -152,6 +161,8 @@ def find_spans(text: str, classes: Sequence[str] = CLASSES, glossary: Terms | No
     found += [Span(m.start(), m.end(), m.group(), "literal") for m in PLACEHOLDER.finditer(text)]
     if glossary is not None:
         found += glossary.find(text)
+    if unknown is not None:
+        found += unknown.find(text, found)
     return [s for s in first_then_longest(found) if s.kind != "escape"]
 
 
@@ -177,15 +188,21 @@ def first_then_longest(spans: Iterable[Span]) -> list[Span]:
     return chosen
 
 
-def mask(text: str, classes: Sequence[str] = CLASSES, glossary: Terms | None = None) -> tuple[str, list[str]]:
+def mask(
+    text: str,
+    classes: Sequence[str] = CLASSES,
+    glossary: Terms | None = None,
+    unknown: UnknownCharacters | None = None,
+) -> tuple[str, list[str]]:
     """Replace the protected spans by ⦅0⦆, ⦅1⦆ ... (left to right); return the text and what
     comes back in place of each (a span's original text, a term's target), item i for ⦅i⦆.
     Spans that touch share one placeholder (`<b>cloud</b>` with a glossary's term: the model cannot
     move the term out of its tags), but for those before the first markup or after the last markup
     of such a run: a unit that holds markup begins and ends with it (`x</b>` would carry the text
-    into the slot of other markup, see Masked.restore). At most MAX_PLACEHOLDERS placeholders are made."""
+    into the slot of other markup, see Masked.restore). At most MAX_PLACEHOLDERS placeholders are made: the
+    runs of characters the vocabulary lacks are left unmasked first, then the last spans."""
     touching: list[list[Span]] = []
-    for span in find_spans(text, classes, glossary):
+    for span in find_spans(text, classes, glossary, unknown):
         if touching and touching[-1][-1].end == span.start:
             touching[-1].append(span)
         else:
@@ -195,7 +212,10 @@ def mask(text: str, classes: Sequence[str] = CLASSES, glossary: Terms | None = N
         marks = [i for i, span in enumerate(run) if span.kind == "markup"]
         cuts = [0, marks[0], marks[-1] + 1, len(run)] if marks else [0, len(run)]
         runs += [run[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
-    runs = runs[:MAX_PLACEHOLDERS]
+    if len(runs) > MAX_PLACEHOLDERS:  # the characters a vocabulary lacks give way first, then the last spans
+        spare = MAX_PLACEHOLDERS - sum(any(s.kind != "unknown" for s in run) for run in runs)
+        runs = [run for run in runs if any(s.kind != "unknown" for s in run) or (spare := spare - 1) >= 0]
+        runs = runs[:MAX_PLACEHOLDERS]
     parts, last = [], 0
     for i, run in enumerate(runs):
         parts += [text[last : run[0].start], placeholder(i)]
@@ -240,6 +260,9 @@ class Masked:
         puts markup back in that order: a unit `<b>%s</b>` moved before `<i>%d</i>` would otherwise lend
         its tags to the other's text); the others where the model put them."""
         fixed, changed = repair(output, len(self.spans))
+        # a placeholder the model ran into the next word (⦅0⦆vêtez) is parted from it, where the source's was not
+        joined = {m.group(1) for m in PLACEHOLDER.finditer(self.text) if self.text[m.end() : m.end() + 1].isalnum()}
+        fixed = _RUN_IN.sub(lambda m: m.group() if m.group(1) in joined else m.group() + " ", fixed)
         marked = {i for i, span in enumerate(self.spans) if MARKUP.search(span)}
         if marked:
             order = iter(sorted(int(m.group(1)) for m in PLACEHOLDER.finditer(fixed) if int(m.group(1)) in marked))
@@ -249,7 +272,12 @@ class Masked:
         return self.head + unmask(fixed, self.spans) + self.tail, changed
 
 
-def mask_sentence(text: str, classes: Sequence[str] = CLASSES, glossary: Terms | None = None) -> Masked:
+def mask_sentence(
+    text: str,
+    classes: Sequence[str] = CLASSES,
+    glossary: Terms | None = None,
+    unknown: UnknownCharacters | None = None,
+) -> Masked:
     """`mask`, after taking off the markup that wraps the whole sentence where no other markup is
     inside it (a link, a heading's emphasis, an image whose text is the whole sentence): the model
     translates the text alone, and the wrapping goes back around its translation (given the link
@@ -257,7 +285,7 @@ def mask_sentence(text: str, classes: Sequence[str] = CLASSES, glossary: Terms |
     head, inner, tail = _wrapping(text)
     if not MARKUP.search(head + tail) or MARKUP.search(inner) or not inner.strip():
         head, inner, tail = "", text, ""
-    return Masked(*mask(inner, classes, glossary), head, tail)
+    return Masked(*mask(inner, classes, glossary, unknown), head, tail)
 
 
 def unmask(output: str, spans: Sequence[str]) -> str:
@@ -297,50 +325,53 @@ def has_placeholders(tokenizer) -> bool:
 
 
 class UnknownCharacters:
-    """The runs of characters a vocabulary has no piece for (emoji, a script it never saw) that stand
-    apart from words: the model would see unknown pieces and make up words for them; as a span they
-    come back as they are. A run inside a word (don’t with a vocabulary that lacks ’) is left to the
-    model, since a placeholder there would break the word."""
+    """The runs of characters a vocabulary has no piece for (emoji, a script it never saw, digits in a
+    vocabulary of words alone) outside the other spans, in a word of no letter or digit it knows
+    (`😀`, `(😀)`, `€` of `€25.99` beside its number): the model would see unknown pieces and make up
+    words for them; as a span they come back as they are (and one that touches a number goes with
+    it). Runs with only spaces between them are one span (each would take one of a line's
+    placeholders). A word with letters the vocabulary knows (`don’t` where ’ is unknown, `10:30am`)
+    is left to the model whole."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer  # its encode: a character it reads as another (’ as ') is known
         self.unknown: dict[str, bool] = {}  # by character, as met
 
-    def _unknown(self, char: str) -> bool:
-        if (unknown := self.unknown.get(char)) is None:
-            own = char in (OPEN, CLOSE) or MARKUP.match(char)  # spans of their own (a literal, markup)
-            unknown = self.unknown[char] = not own and self.tokenizer.sp.unk_id() in self.tokenizer.encode([char])[0]
-        return unknown
+    def _learn(self, text: str) -> bool:
+        """Whether `text` has a character the vocabulary lacks; those not met before are looked up in
+        one call of the tokenizer."""
+        chars = set(text)
+        if new := [c for c in chars if c not in self.unknown]:
+            unk = self.tokenizer.sp.unk_id()
+            for char, ids in zip(new, self.tokenizer.encode(new), strict=True):
+                own = char in (OPEN, CLOSE) or MARKUP.match(char)  # spans of their own (a literal, markup)
+                self.unknown[char] = not own and unk in ids
+        return any(self.unknown[c] for c in chars)
 
-    def find(self, text: str) -> list[Span]:
-        spans, i, n = [], 0, len(text)
-        while i < n:
-            if not self._unknown(text[i]):
-                i += 1
-                continue
-            j = i + 1
-            while j < n and self._unknown(text[j]):
-                j += 1
-            if (i == 0 or not text[i - 1].isalnum()) and (j == n or not text[j].isalnum()):
-                spans.append(Span(i, j, text[i:j], "unknown"))
-            i = j
-        return spans
-
-    def __bool__(self) -> bool:
-        return True
-
-
-class _Both:
-    """A glossary's terms and the unknown characters' runs, as one Terms for find_spans."""
-
-    def __init__(self, *finders: Terms | None) -> None:
-        self.finders = [f for f in finders if f]
-
-    def find(self, text: str) -> list[Span]:
-        return [span for finder in self.finders for span in finder.find(text)]
-
-    def __bool__(self) -> bool:
-        return bool(self.finders)
+    def find(self, text: str, taken: Iterable[Span] = ()) -> list[Span]:
+        """The spans of `text`'s runs of unknown characters outside the spans `taken`."""
+        if not self._learn(text):
+            return []
+        unknown = self.unknown
+        depth = [0] * (len(text) + 1)
+        for span in taken:
+            depth[span.start] += 1
+            depth[span.end] -= 1
+        covered = list(itertools.accumulate(depth))  # > 0 inside a span taken
+        runs: list[list[int]] = []
+        for word in re.finditer(r"\S+", text):
+            a, b = word.span()
+            free = [i for i in range(a, b) if not covered[i]]
+            if any(text[i].isalnum() and not unknown[text[i]] for i in free):
+                continue  # a word the model reads: left to it
+            for i in free:
+                if not unknown[text[i]]:
+                    continue
+                if runs and (runs[-1][1] == i or text[runs[-1][1] : i].isspace()):
+                    runs[-1][1] = i + 1  # the run goes on, or the one before it across spaces
+                else:
+                    runs.append([i, i + 1])
+        return [Span(a, b, text[a:b], "unknown") for a, b in runs]
 
 
 class Protector:
@@ -359,8 +390,8 @@ class Protector:
         if self.classes and not self.enabled and not Protector.warned:
             Protector.warned = True
             log.warning("this vocabulary has no placeholder pieces (data.protect_share was 0): spans not protected")
-        # with the classes (not with --no-protect): a vocabulary's unknown characters standing apart
-        self.terms = _Both(self.glossary, UnknownCharacters(tokenizer) if self.classes and self.enabled else None)
+        # with the classes (not with --no-protect): the characters the vocabulary lacks, outside words
+        self.unknown = UnknownCharacters(tokenizer) if self.classes and self.enabled else None
         self.pending: deque[Masked] = deque()
         self.lines = self.repaired = 0
 
@@ -369,7 +400,7 @@ class Protector:
             yield from lines
             return
         for line in lines:
-            masked = mask_sentence(line, self.classes, self.terms or None)
+            masked = mask_sentence(line, self.classes, self.glossary, self.unknown)
             self.pending.append(masked)
             yield masked.text
 
@@ -411,10 +442,10 @@ def protected(
     with the spans of `classes`, the markup characters, the glossary's terms and (given the model's
     `tokenizer`, with classes) the characters it has no piece for masked before and restored after,
     as Protector does inside decoding."""
-    terms = _Both(glossary, UnknownCharacters(tokenizer) if tokenizer is not None and classes else None)
+    unknown = UnknownCharacters(tokenizer) if tokenizer is not None and classes else None
 
     def translate(sentences: list[str]) -> list[str]:
-        masked = [mask_sentence(s, classes, terms or None) for s in sentences]
+        masked = [mask_sentence(s, classes, glossary, unknown) for s in sentences]
         outputs = translate_batch([m.text for m in masked]) if masked else []
         return [m.restore(out)[0] for out, m in zip(outputs, masked, strict=True)]
 

@@ -221,7 +221,8 @@ def files_source(cfg: DataConfig) -> dict[str, Iterable[Pair] | None]:
         path = Path(spec).expanduser()
         if path.suffix.lower() in COMPRESSED_SUFFIXES and path.is_file():
             raise UserError(f"data.{split}: {path}: compressed files are not read; decompress it first")
-        if path.is_dir():
+        pair = [Path(f"{path}.{lang}") for lang in (cfg.src_lang, cfg.tgt_lang)]
+        if path.is_dir() and not all(p.is_file() for p in pair):  # a directory beside PREFIX.en is no matter
             raise UserError(
                 f"data.{split}: {path} is a directory; give PREFIX (for PREFIX.{cfg.src_lang} + "
                 f"PREFIX.{cfg.tgt_lang}), a .tsv or a .jsonl (a dataset's directory: data.source hub, data.dataset)"
@@ -232,7 +233,7 @@ def files_source(cfg: DataConfig) -> dict[str, Iterable[Pair] | None]:
             out[split] = Lazy(functools.partial(reader, path, cfg))
             log.info(f"files: {split} from {path}")
         else:
-            src, tgt = Path(f"{path}.{cfg.src_lang}"), Path(f"{path}.{cfg.tgt_lang}")
+            src, tgt = pair
             side = next((lang for lang in (cfg.src_lang, cfg.tgt_lang) if str(path).endswith(f".{lang}")), None)
             if side and not src.exists() and Path(path).is_file():  # one side's file given for the prefix
                 raise UserError(
