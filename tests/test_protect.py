@@ -1,6 +1,7 @@
 """Protected spans: the span finder, masking, repair, training augmentation, and decoding with protection."""
 
 import random
+import re
 from collections import Counter
 
 import pytest
@@ -361,6 +362,21 @@ def test_decoding_with_protection_outputs_each_span_exactly_once(trained_run, tm
         for span, n in Counter(s.text for s in find_spans(line)).items():
             assert out.count(span) >= n, (line, out, span)
         assert "⦅" not in out
+
+
+def test_repaired_placeholders_are_said_once_for_a_file_of_many_chunks(trained_run, tmp_path, monkeypatch, capsys):
+    """A file is translated CHUNK_LINES lines at a time: one warning at the end counts them all."""
+    run, _ = trained_run
+    lines = software_strings()
+    src = tmp_path / "in.en"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    monkeypatch.setattr("translate.translator.CHUNK_LINES", 4)
+    code, out, err = run_main(monkeypatch, capsys, "decode", run / "checkpoints" / "last.pt", "--input", src)
+    assert code == 0 and len(out.splitlines()) == len(lines)
+    warnings = [line for line in err.splitlines() if "did not place every protected span" in line]
+    assert len(warnings) == 1, err
+    repaired, total = map(int, re.search(r"(\d+) of (\d+) translations", warnings[0]).groups())
+    assert 0 < repaired <= total and total >= len(lines)  # every chunk's sentences
 
 
 def test_no_protect_decodes_the_text_as_it_is(trained_run, tmp_path, monkeypatch, capsys):

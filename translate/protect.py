@@ -61,6 +61,8 @@ import random
 import re
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -419,12 +421,36 @@ class Protector:
                     seen.add(restored)
                     out.append((restored, score))
             yield out + out[-1:] * (len(nbest) - len(out))  # as many as asked, the last repeated (as the search does)
-        if self.repaired:
-            log.warning(
-                f"{self.repaired} of {self.lines} translations (sentences, or lines with --no-split): the model did not "
-                "place every protected span exactly once; the missing ones were added at the end (before the final "
-                "punctuation), duplicates dropped"
-            )
+        if (tally := _REPAIRS.get()) is not None:  # said once, for all, by repairs_counted
+            tally[0] += self.lines
+            tally[1] += self.repaired
+        elif self.repaired:
+            log.warning(repair_warning(self.lines, self.repaired))
+
+
+_REPAIRS: ContextVar[list[int] | None] = ContextVar("protect_repairs", default=None)
+
+
+def repair_warning(lines: int, repaired: int) -> str:
+    return (
+        f"{repaired} of {lines} translations (sentences, or lines with --no-split): the model did not place every "
+        "protected span exactly once; the missing ones were added at the end (before the final punctuation), "
+        "duplicates dropped"
+    )
+
+
+@contextmanager
+def repairs_counted() -> Iterator[None]:
+    """The Protectors of this thread within it (a file translated a chunk of lines at a time) add their
+    counts up, and the warning about repaired placeholders comes once, at its end."""
+    tally = [0, 0]
+    token = _REPAIRS.set(tally)
+    try:
+        yield
+    finally:
+        _REPAIRS.reset(token)
+        if tally[1]:
+            log.warning(repair_warning(*tally))
 
 
 NO_PLACEHOLDERS_FOR_GLOSSARY = (
