@@ -113,8 +113,9 @@ ProtectOpt = Annotated[
     bool,
     flag(
         "--protect/--no-protect",
-        help="Copy placeholders, tags, URLs, paths and numbers verbatim (the checkpoint's decode.protect classes); "
-        "a document's markup is kept either way.",
+        help="Copy placeholders, tags, URLs, paths and numbers verbatim (the checkpoint's decode.protect classes), "
+        "and characters the vocabulary lacks outside words (emoji, other scripts); a document's markup is kept "
+        "either way.",
     ),
 ]
 GlossaryOpt = Annotated[
