@@ -12,6 +12,7 @@ from translate.protect import (
     CLASSES,
     MAX_PLACEHOLDERS,
     PLACEHOLDER,
+    Masked,
     Protector,
     augment_pair,
     augment_pairs,
@@ -332,6 +333,25 @@ def test_a_placeholder_run_into_the_next_word_is_parted_from_it_where_the_source
     masked = mask_sentence("It costs 20 now and %sfoo")
     assert masked.text == "It costs ⦅0⦆ now and ⦅1⦆foo"
     assert masked.restore("Il coûte ⦅0⦆maintenant et ⦅1⦆bar")[0] == "Il coûte 20 maintenant et %sbar"
+
+
+def test_unknown_characters_are_found_outside_the_spans_that_win_and_stray_brackets_are_masked():
+    tok = _Tok(True)
+    protector = Protector(CLASSES, tok)
+    # a URL inside a format spec loses to it, and covers nothing: the emoji touching the spec goes with it
+    assert list(protector.mask_lines(["{x:www.a.com}😀 now", "Use ⦅ and ⦆ here, ⦅3⦆ kept"])) == [
+        "⦅0⦆ now",
+        "Use ⦅0⦆ and ⦅1⦆ here, ⦅2⦆ kept",
+    ]
+    restored = protector.restore([[("⦅0⦆ maintenant", -1.0)], [("Utilisez ⦅0⦆ et ⦅1⦆ ici, ⦅2⦆ gardé", -1.0)]])
+    assert [n[0][0] for n in restored] == ["{x:www.a.com}😀 maintenant", "Utilisez ⦅ et ⦆ ici, ⦅3⦆ gardé"]
+
+
+def test_markup_put_back_in_order_is_parted_from_a_word_as_its_source_was():
+    """The parting of a placeholder from the next word reads the placeholders as they come back
+    (markup in the source's order), not as the model numbered them."""
+    masked = Masked("⦅0⦆Hello⦅1⦆ world", ["\ue000", "\ue001"])
+    assert masked.restore("⦅1⦆Bonjour⦅0⦆ monde")[0] == "\ue000Bonjour\ue001 monde"
 
 
 def test_protector_is_off_for_a_vocabulary_without_placeholders():

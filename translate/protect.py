@@ -164,7 +164,7 @@ def find_spans(
     if glossary is not None:
         found += glossary.find(text)
     if unknown is not None:
-        found += unknown.find(text, found)
+        found += unknown.find(text, first_then_longest(found))  # outside the spans that win
     return [s for s in first_then_longest(found) if s.kind != "escape"]
 
 
@@ -262,15 +262,15 @@ class Masked:
         puts markup back in that order: a unit `<b>%s</b>` moved before `<i>%d</i>` would otherwise lend
         its tags to the other's text); the others where the model put them."""
         fixed, changed = repair(output, len(self.spans))
-        # a placeholder the model ran into the next word (⦅0⦆vêtez) is parted from it, where the source's was not
-        joined = {m.group(1) for m in PLACEHOLDER.finditer(self.text) if self.text[m.end() : m.end() + 1].isalnum()}
-        fixed = _RUN_IN.sub(lambda m: m.group() if m.group(1) in joined else m.group() + " ", fixed)
         marked = {i for i, span in enumerate(self.spans) if MARKUP.search(span)}
         if marked:
             order = iter(sorted(int(m.group(1)) for m in PLACEHOLDER.finditer(fixed) if int(m.group(1)) in marked))
             fixed = PLACEHOLDER.sub(
                 lambda m: placeholder(next(order)) if int(m.group(1)) in marked else m.group(), fixed
             )
+        # a placeholder the model ran into the next word (⦅0⦆vêtez) is parted from it, where the source's was not
+        joined = {m.group(1) for m in PLACEHOLDER.finditer(self.text) if self.text[m.end() : m.end() + 1].isalnum()}
+        fixed = _RUN_IN.sub(lambda m: m.group() if m.group(1) in joined else m.group() + " ", fixed)
         return self.head + unmask(fixed, self.spans) + self.tail, changed
 
 
@@ -346,8 +346,7 @@ class UnknownCharacters:
         if new := [c for c in chars if c not in self.unknown]:
             unk = self.tokenizer.sp.unk_id()
             for char, ids in zip(new, self.tokenizer.encode(new), strict=True):
-                own = char in (OPEN, CLOSE) or MARKUP.match(char)  # spans of their own (a literal, markup)
-                self.unknown[char] = not own and unk in ids
+                self.unknown[char] = not MARKUP.match(char) and unk in ids  # markup: spans of its own
         return any(self.unknown[c] for c in chars)
 
     def find(self, text: str, taken: Iterable[Span] = ()) -> list[Span]:
@@ -440,17 +439,20 @@ def repair_warning(lines: int, repaired: int) -> str:
 
 
 @contextmanager
-def repairs_counted() -> Iterator[None]:
-    """The Protectors of this thread within it (a file translated a chunk of lines at a time) add their
-    counts up, and the warning about repaired placeholders comes once, at its end."""
-    tally = [0, 0]
+def repairs_counted(tally: list[int]) -> Iterator[None]:
+    """The Protectors of this context within it add their counts (lines, repaired) to `tally` rather
+    than warn each (a file translated a chunk of lines at a time warns once, see warn_repairs). Not
+    to be held open across a generator's yield: the caller's context would keep it."""
     token = _REPAIRS.set(tally)
     try:
         yield
     finally:
         _REPAIRS.reset(token)
-        if tally[1]:
-            log.warning(repair_warning(*tally))
+
+
+def warn_repairs(tally: list[int]) -> None:
+    if tally[1]:
+        log.warning(repair_warning(*tally))
 
 
 NO_PLACEHOLDERS_FOR_GLOSSARY = (

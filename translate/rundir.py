@@ -79,7 +79,9 @@ def refuse_changed_sources(cfg: Config, doing: str) -> None:
         return
     then = (read_meta(cfg) or {}).get("cwd")
     elsewhere = then is not None and then != os.getcwd()  # meta.json of earlier versions does not say
-    if elsewhere and all(not Path(p).is_absolute() and (Path(then) / p).is_file() for p in changed):
+    if elsewhere and all(
+        not Path(p).is_absolute() and not Path(p).exists() and (Path(then) / p).is_file() for p in changed
+    ):
         raise UserError(
             f"cannot {doing}: {changed[0]} is not found from {os.getcwd()}, where the config's relative data "
             f"paths lead now; run from {then}, where it was prepared (cd there)"

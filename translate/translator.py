@@ -24,7 +24,7 @@ from translate.documents import FORMATS, format_of, translate_document
 from translate.engine import Engine, EngineSpec, TranslationEngine, first_best
 from translate.errors import UserError
 from translate.options import SearchOptions
-from translate.protect import Terms, find_spans, has_placeholders, mask_sentence, repairs_counted
+from translate.protect import Terms, find_spans, has_placeholders, mask_sentence, repairs_counted, warn_repairs
 from translate.segment import translate_paragraphs
 from translate.textio import (
     atomic_write,
@@ -143,12 +143,17 @@ def paragraphs(
     """Each line's translation, its sentences translated apart (as 1-best lists), CHUNK_LINES
     lines at a time (from stdin: the lines that have arrived); `on_progress(n)` as n lines are done.
     The placeholders the model did not place are counted over all chunks, and said once at the end."""
-    with repairs_counted():
+    tally = [0, 0]
+    try:
         for chunk in (arrived_chunks if stream else fixed_chunks)(lines, CHUNK_LINES):
-            for text in translate_texts(engine, chunk):
+            with repairs_counted(tally):
+                texts = translate_texts(engine, chunk)
+            for text in texts:
                 yield [(text, 0.0)]
             if on_progress:
                 on_progress(len(chunk))
+    finally:
+        warn_repairs(tally)
 
 
 def decode_document(spec: EngineSpec, input: str | Path, output: str | Path, format: str) -> int:
