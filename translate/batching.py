@@ -74,9 +74,10 @@ def token_batches(
     A batch of n sentences costs n * max(longest source, longest target). Sentences are sorted
     by length (`length_order`, ties broken at random from (seed, epoch)), packed greedily in that
     order, then the batches are shuffled. A sentence longer than `max_tokens` gets its own batch.
-    With `pad_to_multiple` > 1 a sentence costs its longer side plus EOS rounded up to a multiple
-    of it, as `collate` pads it: the sentences of one rounded length fill batches of the same size,
-    so that the epoch has a few batch shapes (data.collate says why that matters).
+    The lengths count EOS (source) and BOS/EOS (target), as `SplitData.src_lens`/`tgt_lens` give them.
+    With `pad_to_multiple` > 1 a sentence costs its longer side rounded up to a multiple of it, as
+    `collate` pads it: the sentences of one rounded length fill batches of the same size, so that
+    the epoch has a few batch shapes (data.collate says why that matters).
     Needs only the two (n,) length arrays; O(n) time.
     """
     src_lens, tgt_lens = np.asarray(src_lens), np.asarray(tgt_lens)
@@ -86,7 +87,7 @@ def token_batches(
     order = length_order(src_lens, tgt_lens, rng if shuffle else None)
     cost = np.maximum(src_lens, tgt_lens)
     if pad_to_multiple > 1:
-        cost = round_up(cost + 1, pad_to_multiple)
+        cost = round_up(cost, pad_to_multiple)
         key = cost.astype(np.uint16) if cost.max() < 2**16 else cost  # 16 bits: a radix sort, O(n)
         order = order[np.argsort(key[order], kind="stable")]  # by rounded cost, length order within
     batches = np.split(order, batch_starts(cost[order], max_tokens)[1:])
