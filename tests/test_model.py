@@ -134,6 +134,8 @@ def test_dropout_keeps_the_expectation_and_is_seeded():
     torch.manual_seed(3)
     assert torch.equal(drop(x), y)
     assert torch.equal(drop.eval()(x), x) and torch.equal(Dropout(0.0).train()(x), x)
+    high = Dropout(0.999).train()(torch.ones(50_000))  # the config allows p < 1: at most 255/256 dropped
+    assert 0 < (high > 0).float().mean().item() < 0.01 and abs(high.mean().item() - 1.0) < 0.3
 
 
 def test_initialisation_is_the_same_in_every_process():

@@ -14,6 +14,10 @@ A checkpoint is a dict saved with `torch.save`:
     optimizer, scheduler, scaler   training state (absent in averaged checkpoints)
     rng           python, numpy, torch (and cuda) random states, one per process
     metrics       the last validation scores
+    hardware      the device, CPU class, precision and world size that trained it, and the settings chosen by them
+    init_from     the checkpoint the run's weights began from (--init-from), if any
+    averaged_from the inputs of an average (`translate average`), in averaged checkpoints
+    tune_length_penalty   what `translate tune` (or the end of training) chose, and the value before it
 
 `translate decode CKPT` needs nothing else. Loading uses `weights_only=True`: a checkpoint
 can hold no code.

@@ -92,7 +92,7 @@ class TrainConfig:
     # Per batch per device, padding included; or one number per precision (fp32, bf16, fp16): the precision
     # train.amp chooses on the hardware picks it (hardware.by_precision)
     max_tokens: Union[int, dict[Precision, int]] = 4096
-    # Batches packed by lengths (source, target) rounded up to a multiple of this, padded to it, and on a CPU the
+    # Batches packed by lengths (source, target) rounded up to a multiple of this, padded to it, and the
     # rows of the output projection rounded to 8x it: a few distinct matrix shapes, so that host memory stays flat
     # over a run (1: lengths as they come). auto: packed by multiples of 8, padded to 8 in bf16/fp16 and on GPUs,
     # not padded in fp32 on a CPU (hardware.choose_padding)
@@ -325,7 +325,10 @@ def _rules(cfg: Config) -> list[tuple[bool, str]]:
             m.encoder_layers > 0 and m.decoder_layers > 0,
             "model.encoder_layers and model.decoder_layers must be positive",
         ),
-        (0 <= m.dropout < 1 and 0 <= m.attention_dropout < 1, "model.dropout must be in [0, 1)"),
+        (
+            0 <= m.dropout < 1 and 0 <= m.attention_dropout < 1,
+            "model.dropout and model.attention_dropout must be in [0, 1)",
+        ),
         (m.max_positions >= 16, "model.max_positions must be at least 16"),
         _each_precision(t.lr, "train.lr"),
         (min(values_of(t.lr)) > 0, f"train.lr must be positive, got {t.lr}"),

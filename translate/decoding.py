@@ -6,7 +6,7 @@ once), sorts each chunk by source length into token-budget batches, decodes them
 search.py, restores the input order and yields one n-best list of (text, score) per input line.
 Blank lines give empty translations without running the model; a source longer than the model
 can hold is cut to its first `max_positions - 1` pieces. `engine.Engine.translate` runs it with
-the engine's settings; the trainer's validation still calls it directly, with the same results.
+the engine's settings (the trainer's validation too, through `Engine.from_model`).
 """
 
 from __future__ import annotations

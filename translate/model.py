@@ -151,13 +151,13 @@ class _ByteDropout(torch.autograd.Function):
 
 class Dropout(nn.Module):
     """Inverted dropout. On CPU it draws one random byte per element, eight at a time, about twice
-    as fast as torch's own (bernoulli is slow there); p is rounded to a multiple of 1/256.
-    Elsewhere it is F.dropout."""
+    as fast as torch's own (bernoulli is slow there); p is rounded to a multiple of 1/256, at most
+    255/256. Elsewhere it is F.dropout."""
 
     def __init__(self, p: float) -> None:
         super().__init__()
         self.p = p
-        self.threshold = round(p * 256)
+        self.threshold = min(round(p * 256), 255)  # 256 would drop everything (and divide by zero)
         self.scale = 256 / (256 - self.threshold)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

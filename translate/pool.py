@@ -8,7 +8,7 @@ against the spec's max_queue, sends each request to the process with the fewest 
 outstanding, and a reader thread per process answers the futures. A process that ends fails the
 requests it held; the others go on. `open_engine` chooses between it and an in-process `Engine`.
 
-The pipe protocol, parent to process: ("job", id, texts, options), ("cancel", id), ("hurry",), ("stop",); process to
+The pipe protocol, parent to process: ("job", id, texts, options, glossary), ("cancel", id), ("hurry",), ("stop",); process to
 parent: ("ready", defaults, max source pieces, the vocabulary's bytes, the protected classes, the default glossary) or ("failed", message) once loaded, then ("taken", n), ("done", id,
 translations), ("failed", id, message), ("cancelled", id), and ("stopped",) last. ("cancel", id), sent when a
 request's future is cancelled (its client gone), drops the request if its process has not taken it into a search.

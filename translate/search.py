@@ -308,8 +308,8 @@ def greedy_search(
     """The most probable next token at every step, for a batch src (B, S); one hypothesis each.
 
     A sentence is done as soon as it emits EOS or reaches its maximum length; its row leaves the
-    batch once a quarter of the rows is done (COMPACT_SHARE). The options' defaults are those of
-    config.SearchOptions (beam_search passes them); length_penalty (alpha) only rescales the
+    batch once a quarter of the rows is done (COMPACT_SHARE). beam_search passes the search
+    options (options.SearchOptions) on with beam size 1; length_penalty (alpha) only rescales the
     reported score, as beam search would.
     """
     B = src.size(0)

@@ -280,7 +280,7 @@ def format_translation(index: int, translation: Translation, nbest_format: Liter
 def write_translations(
     translations: Iterable[Translation], output: str | Path = "-", *, nbest_format: Literal["text", "tsv"] = "text"
 ) -> int:
-    """Write translations (from translator.translate_lines) to a file or stdout ('-'); returns
+    """Write translations (from decoding.translate_lines, through Engine.translate) to a file or stdout ('-'); returns
     the input line count.
 
     'text': each hypothesis's text on its own line (K lines per input line for K-best lists);

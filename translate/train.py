@@ -18,8 +18,8 @@ The Trainer holds one run's model, optimizer and data, and makes its updates; th
 module of its own: the run's state, clocks, running sums and stop checks (trainstate.py),
 TensorBoard and the progress bar (trainlog.py), validation (validation.py), the optimizer and
 schedule (optim.py), the run directory (rundir.py), the processes of a torchrun
-(distributed.py), the data (prepare.py, data.py). The Trainer stays one class of about 500
-lines, since its methods share one run's model, optimizer, data and state.
+(distributed.py), the data (prepare.py, data.py). The Trainer stays one class (about 650
+lines), since its methods share one run's model, optimizer, data and state.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ class Trainer:
             self._load_data(cfg)
             self._build(cfg, saved, init)
             del init, saved
-            self.logger = TensorboardLogger(self.run / "tb", self.main, self.state.step, resume)
+            self.logger = TensorboardLogger(self.run / "tb", self.main, self.state.step)
         except BaseException:
             self._abandon()
             raise

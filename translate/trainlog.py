@@ -23,13 +23,12 @@ log = logging.getLogger("translate")
 class TensorboardLogger:
     """The run's TensorBoard events (RUN/tb) and its progress bar."""
 
-    def __init__(self, tb_dir: Path, main: bool, step: int, resume: bool) -> None:
+    def __init__(self, tb_dir: Path, main: bool, step: int) -> None:
         self.main = main
         self.writer: SummaryWriter | None = None
         self.bar: tqdm | None = None
-        if main:
-            if resume or step == 0:  # the curves continue from the checkpoint's step (at 0: those of a failed start go)
-                truncate_events(tb_dir, step)
+        if main:  # the curves continue from the run's step (a resumed one's; at 0, those of a failed start go)
+            truncate_events(tb_dir, step)
             self.writer = SummaryWriter(tb_dir)
 
     def open_bar(self, step: int, max_steps: int) -> None:

@@ -4,8 +4,8 @@ log lines (`Speedometer`), what one update returns (`UpdateResult`), and what de
 stop (`StopRequest` for signals, `stop_reason`'s named checks).
 
 An update leaves its sums on the device (loss, gradient norm, whether it was skipped): nothing
-here reads a device value until `Speedometer.read`, which the loop calls only when it logs,
-validates or saves, so the host never waits for the device in between.
+here reads a device value but `Speedometer.read` (when the loop logs) and `Speedometer.window` and
+`skipped_so_far` (when it saves), so the host never waits for the device in between.
 """
 
 from __future__ import annotations
