@@ -251,6 +251,21 @@ def test_export_dirs_hold_readme_and_vocabulary(exported, checkpoints):
         assert set(modes.values()) == {0o666 & ~UMASK}, modes  # readable by whoever serves them, as new files are
 
 
+def test_readme_names_the_runs_languages(checkpoints, tmp_path):
+    from dataclasses import replace
+
+    from translate.config import config_from_dict
+    from translate.export import readme
+
+    ckpt = torch.load(checkpoints["post"], weights_only=True)
+    cfg = config_from_dict(ckpt["config"])
+    for to in ("ctranslate2", "huggingface"):
+        assert readme(to, tmp_path / "m", checkpoints["post"], ckpt, cfg, None).startswith("# m: en->fr translation, ")
+        other = replace(cfg, data=replace(cfg.data, src_lang="de", tgt_lang="en"))
+        text = readme(to, tmp_path / "m", checkpoints["post"], ckpt, other, None)
+        assert text.startswith("# m: de->en translation, ") and "In the beginning" not in text and "French" not in text
+
+
 def error_line(*args) -> str:
     result = run_cli("export", *args, check=False)
     assert result.returncode == 2 and result.stdout == ""

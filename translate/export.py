@@ -164,6 +164,10 @@ def readme(
 ) -> str:
     m, d = cfg.model, cfg.decode
     name = out_dir.name
+    pair = f"{cfg.data.src_lang}->{cfg.data.tgt_lang}"  # the run's languages (en->fr by default)
+    example = "In the beginning God created the heaven and the earth."
+    if cfg.data.src_lang != "en":
+        example = f"A sentence in {cfg.data.src_lang}."
     source = (
         f"Exported by `translate export` from the checkpoint `{Path(checkpoint).resolve()}` (step {ckpt.get('step')}, "
         f"run `{cfg.name}`), trained with the config in `translate_config.yaml`: a {m.norm}-norm Transformer, "
@@ -175,7 +179,7 @@ def readme(
     if to == "ctranslate2":
         weights = quantize or "float32"
         return (
-            f"""# {name}: English->French, CTranslate2
+            f"""# {name}: {pair} translation, CTranslate2
 
 {source}
 Weights: {weights}. Files: `model.bin`, `config.json`, `shared_vocabulary.json` (CTranslate2),
@@ -187,7 +191,7 @@ import sentencepiece as spm
 
 sp = spm.SentencePieceProcessor(model_file="{name}/{SPM_FILE}")
 translator = ctranslate2.Translator("{name}", device="cpu")  # compute_type="int8" for speed
-pieces = sp.encode(["In the beginning God created the heaven and the earth."], out_type=str)
+pieces = sp.encode([{example!r}], out_type=str)
 results = translator.translate_batch(pieces, beam_size={d.beam_size}, suppress_sequences=[["<pad>"], ["<s>"]])
 print(sp.decode(results[0].hypotheses[0]).rstrip(" "))  # as translate decode: no space at the end
 ```
@@ -198,7 +202,7 @@ The source's end token is added by CTranslate2. Its length penalty divides by le
             + DIFFERS
         )
     return (
-        f"""# {name}: English->French, Hugging Face transformers (MarianMT)
+        f"""# {name}: {pair} translation, Hugging Face transformers (MarianMT)
 
 {source}
 Files: `config.json`, `generation_config.json`, `model.safetensors` (MarianMTModel), `source.spm`
@@ -209,12 +213,12 @@ from transformers import MarianMTModel, MarianTokenizer
 
 model = MarianMTModel.from_pretrained("{name}")
 tokenizer = MarianTokenizer.from_pretrained("{name}")
-batch = tokenizer(["In the beginning God created the heaven and the earth."], return_tensors="pt", padding=True)
+batch = tokenizer([{example!r}], return_tensors="pt", padding=True)
 print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True)[0])
 ```
 
 With transformers 4 (version 5 removed the translation pipeline):
-`pipeline("translation", model="{name}")("In the beginning God created the heaven and the earth.")`.
+`pipeline("translation", model="{name}")({example!r})`.
 `generation_config.json` holds beam {d.beam_size} and length penalty {d.length_penalty}, which transformers applies as
 len ** alpha; `max_length` is the model's {m.max_positions} positions. The model's dimensions are
 stored in Marian's order (sines, then cosines): the outputs are those of the checkpoint.
@@ -424,7 +428,7 @@ def write_huggingface(model: Transformer, tokenizer: Tokenizer, cfg: Config, out
             warnings.simplefilter("ignore")  # "Recommended: pip install sacremoses", for a normalizer it never calls
             marian = MarianTokenizer(
                 source_spm=str(spm_dir / "source.spm"), target_spm=str(spm_dir / "target.spm"),
-                vocab=str(spm_dir / "vocab.json"), source_lang="en", target_lang="fr",
+                vocab=str(spm_dir / "vocab.json"), source_lang=cfg.data.src_lang, target_lang=cfg.data.tgt_lang,
                 model_max_length=cfg.model.max_positions, clean_up_tokenization_spaces=False,
             )  # fmt: skip
         marian.save_pretrained(out)
