@@ -432,3 +432,11 @@ def test_the_source_files_recorded_are_those_read(tmp_path, monkeypatch):
     assert changed_sources(hub) == [str(saved / "train" / "data-00001-of-00002.arrow")]
     named = load_config(tiny_config(tmp_path, data={"source": "hub", "dataset": "wmt/wmt14"}))
     assert source_files(named)["dataset"] == []  # a hub name: its key, no file (as the fingerprints before)
+
+
+def test_holding_out_too_many_pairs_says_the_rule(tmp_path):
+    from translate.prepare import _hold_out
+
+    cfg = load_config(tiny_config(tmp_path))
+    with pytest.raises(UserError, match=r"only 3000 pairs .* 500 valid and 1000 test pairs \(less than half of train"):
+        _hold_out(cfg, tmp_path, 3000, ["valid", "test"])

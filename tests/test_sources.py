@@ -221,6 +221,18 @@ def test_files_missing_file_is_named(tmp_path: Path) -> None:
         files(str(tmp_path / "only.en"))
 
 
+def test_files_of_another_format_are_said(tmp_path: Path) -> None:
+    write(tmp_path / "train.csv", b"en,fr\na,b\n")
+    with pytest.raises(UserError, match=r"train.csv is a file of neither format .*; a directory of such files is read"):
+        files(str(tmp_path / "train.csv"))
+    write(tmp_path / "train.txt", b"a\n")
+    with pytest.raises(UserError, match=r"train.txt is a file of neither format .* PREFIX.en \+ PREFIX.fr$"):
+        files(str(tmp_path / "train.txt"))
+    write(tmp_path / "train.txt.en", b"a\n")
+    write(tmp_path / "train.txt.fr", b"b\n")
+    assert list(files(str(tmp_path / "train.txt"))["train"]) == [("a", "b")]  # a prefix that is also a file
+
+
 def test_files_compressed_or_a_directory_is_said(tmp_path: Path) -> None:
     """Compressed files are not read: a .gz given, or found where PREFIX.en was looked for, is said
     as such (not 'file not found'); a directory given as a prefix too."""
@@ -344,3 +356,17 @@ def test_bible_corpus_script_refuses_what_the_source_refuses(bible_db: str) -> N
         )
         assert out.returncode == 2 and out.stderr.strip().startswith(line), out.stderr
     assert not Path(bible_db).with_name("corpus.en").exists()
+
+
+def test_keys_the_source_does_not_read_are_said(caplog) -> None:
+    """A data key set for another source (a test file under source hub, a dataset under files) is
+    ignored with a warning, not silently."""
+    caplog.set_level(logging.WARNING, logger="translate")
+    open_source(DataConfig(source="files", train=str(FIXTURES / "tiny"), dataset="wmt/wmt14", subset="fr-en"))
+    assert "data.dataset, data.subset: not read with data.source files (ignored)" in caplog.text
+    caplog.clear()
+    open_source(DataConfig(source="files", train=str(FIXTURES / "tiny"), src_column="en"))  # read from .tsv/.jsonl
+    assert caplog.text == ""
+    hub = DataConfig(source="hub", dataset="d", test="my/test", bible_fr="l")  # the default bible_fr is no setting
+    assert sources.unread_keys(hub) == ["data.test"]
+    assert sources.unread_keys(DataConfig(source="bible", bible_en=["4", "k"])) == []

@@ -288,7 +288,8 @@ def _hold_out(cfg: Config, data_dir: Path, n_train: int, missing: list[str]) -> 
     if need >= n_train // 2:
         raise UserError(
             f"train has only {n_train} pairs after cleaning: too few to hold out "
-            f"{' and '.join(f'{want[s]} {s}' for s in missing)} pairs (set data.valid/data.test or data.valid_size/test_size)"
+            f"{' and '.join(f'{want[s]} {s}' for s in missing)} pairs (less than half of train is held out; "
+            f"set data.valid/data.test or data.valid_size/test_size)"
         )
     picked = random.Random(cfg.seed).sample(range(n_train), need)
     assign: dict[int, str] = {}

@@ -46,8 +46,24 @@ class Lazy:
         return self._make()
 
 
+# the data keys each source does not read (set, they would be ignored without a word)
+UNREAD = {
+    "bible": ("train", "valid", "test", "dataset", "subset", "src_column", "tgt_column"),
+    "files": ("dataset", "subset", "bible_db", "bible_en", "bible_fr"),
+    "hub": ("train", "valid", "test", "bible_db", "bible_en", "bible_fr"),
+}
+
+
+def unread_keys(cfg: DataConfig) -> list[str]:
+    """The data keys set to other than their defaults that `cfg.source` does not read."""
+    default = DataConfig()
+    return [f"data.{k}" for k in UNREAD[cfg.source] if getattr(cfg, k) != getattr(default, k)]
+
+
 def open_source(cfg: DataConfig) -> dict[str, Iterable[Pair] | None]:
     """The train/valid/test pairs of `cfg.source`; a split the source lacks is None."""
+    if unread := unread_keys(cfg):
+        log.warning(f"{', '.join(unread)}: not read with data.source {cfg.source} (ignored)")
     if cfg.source == "bible":
         return bible_source(cfg)
     if cfg.source == "files":
@@ -239,6 +255,13 @@ def files_source(cfg: DataConfig) -> dict[str, Iterable[Pair] | None]:
                 raise UserError(
                     f"data.{split}: {path} is one side of a pair; give its prefix, {str(path)[: -len(side) - 1]} "
                     f"(the files PREFIX.{cfg.src_lang} and PREFIX.{cfg.tgt_lang})"
+                )
+            if path.is_file() and not src.exists():  # a file of another format, not a prefix
+                hub = path.suffix.lower() in (".csv", ".json", ".parquet")
+                raise UserError(
+                    f"data.{split}: {path} is a file of neither format data.source files reads: a .tsv, a .jsonl, or "
+                    f"PREFIX for PREFIX.{cfg.src_lang} + PREFIX.{cfg.tgt_lang}"
+                    + ("; a directory of such files is read with data.source hub, data.dataset DIR" if hub else "")
                 )
             _check_file(src, f"data.{split}")
             _check_file(tgt, f"data.{split}")
