@@ -4,7 +4,7 @@
     python scripts/bench_train.py --vs-reference          # + torch.nn.Transformer reference, interleaved
     python scripts/bench_train.py --bf16-loss-steps 300   # valid loss after N steps, fp32 vs bf16
     python scripts/bench_train.py --config configs/wmt14_base.yaml --set data.source=files \\
-        --set data.train=/tmp/syn/train --variant "25k x1=train.max_tokens=25000,train.accumulate=1"
+        --set data.dataset=null --set data.subset=null --set data.train=/tmp/syn/train --variant "25k x1=train.max_tokens=25000,train.accumulate=1"
 
 Every figure comes from the trainer's own update (`Trainer.update`) on batches collated as
 training collates them (`Trainer.collate`); the first line says which machine class it ran on.

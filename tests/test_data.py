@@ -437,6 +437,9 @@ def test_the_source_files_recorded_are_those_read(tmp_path, monkeypatch):
 def test_holding_out_too_many_pairs_says_the_rule(tmp_path):
     from translate.prepare import _hold_out
 
-    cfg = load_config(tiny_config(tmp_path))
+    cfg = load_config(tiny_config(tmp_path))  # data.source files
     with pytest.raises(UserError, match=r"only 3000 pairs .* 500 valid and 1000 test pairs \(less than half of train"):
         _hold_out(cfg, tmp_path, 3000, ["valid", "test"])
+    hub = load_config(tiny_config(tmp_path), ["data.source=hub", "data.dataset=d", "data.train=null"])
+    with pytest.raises(UserError, match=r"held out; set data.valid_size/test_size\)$"):  # hub reads no data.valid
+        _hold_out(hub, tmp_path, 3000, ["valid", "test"])

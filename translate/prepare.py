@@ -285,11 +285,12 @@ def _hold_out(cfg: Config, data_dir: Path, n_train: int, missing: list[str]) -> 
     """Move a random, reproducible part of train into the missing valid/test splits."""
     want = {"valid": cfg.data.valid_size, "test": cfg.data.test_size}
     need = sum(want[s] for s in missing)
-    if need >= n_train // 2:
+    if 2 * need >= n_train:
+        files = "data.valid/data.test or " if cfg.data.source == "files" else ""  # hub and bible read no such files
         raise UserError(
             f"train has only {n_train} pairs after cleaning: too few to hold out "
             f"{' and '.join(f'{want[s]} {s}' for s in missing)} pairs (less than half of train is held out; "
-            f"set data.valid/data.test or data.valid_size/test_size)"
+            f"set {files}data.valid_size/test_size)"
         )
     picked = random.Random(cfg.seed).sample(range(n_train), need)
     assign: dict[int, str] = {}

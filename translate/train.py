@@ -647,7 +647,7 @@ class Trainer:
 
     def _same_share_of_the_epoch(self) -> None:
         """A run resumed with batches of another size (train.max_tokens changed, or another precision's
-        entry of it) packs its epoch into another number of batches, which the saved position does not
+        entry of it; or checkpointed by code that packed them otherwise) packs its epoch into another number of batches, which the saved position does not
         index: it goes on at the same share of the epoch, the right number of updates to the epoch's end
         (not the sentences left: the new batches are in another random order, so some come twice in
         that epoch and others not at all; the next epochs are whole)."""
