@@ -365,7 +365,13 @@ def test_keys_the_source_does_not_read_are_said(caplog) -> None:
     open_source(DataConfig(source="files", train=str(FIXTURES / "tiny"), dataset="wmt/wmt14", subset="fr-en"))
     assert "data.dataset, data.subset: not read with data.source files (ignored)" in caplog.text
     caplog.clear()
-    open_source(DataConfig(source="files", train=str(FIXTURES / "tiny"), src_column="en"))  # read from .tsv/.jsonl
+    open_source(DataConfig(source="files", train=str(FIXTURES / "tiny"), src_column="en"))  # PREFIX files
+    assert "data.src_column/tgt_column: not read from PREFIX files, only from a .tsv or .jsonl (ignored)" in caplog.text
+    caplog.clear()
+    open_source(DataConfig(source="files", train=str(FIXTURES / "tiny"), test=str(FIXTURES / "tiny.jsonl")))
+    open_source(
+        DataConfig(source="files", train=str(FIXTURES / "tiny"), test=str(FIXTURES / "tiny.tsv"), src_column="en")
+    )
     assert caplog.text == ""
     hub = DataConfig(source="hub", dataset="d", test="my/test", bible_fr="l")  # the default bible_fr is no setting
     assert sources.unread_keys(hub) == ["data.test"]

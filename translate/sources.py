@@ -267,6 +267,9 @@ def files_source(cfg: DataConfig) -> dict[str, Iterable[Pair] | None]:
             _check_file(tgt, f"data.{split}")
             out[split] = Lazy(functools.partial(read_parallel, src, tgt))
             log.info(f"files: {split} from {src} + {tgt}")
+    flat = [s for s in SPLITS if getattr(cfg, s) and Path(getattr(cfg, s)).suffix.lower() in (".tsv", ".jsonl")]
+    if (cfg.src_column or cfg.tgt_column) and not flat:
+        log.warning("data.src_column/tgt_column: not read from PREFIX files, only from a .tsv or .jsonl (ignored)")
     return out
 
 
