@@ -661,8 +661,9 @@ class Trainer:
         if self.main:
             log.warning(
                 f"epoch {s.epoch} now has {n} batches (of {self.max_tokens} tokens, over {self.world} "
-                f"process{'es' * (self.world > 1)}) where the run had {s.epoch_batches}; it goes on at the same share "
-                f"of it (batch {position} for {s.position})"
+                f"process{'es' * (self.world > 1)}) where the run had {s.epoch_batches} (train.max_tokens, the number "
+                f"of processes or, from earlier code, the packing changed); it goes on at the same share of it "
+                f"(batch {position} for {s.position})"
             )
         s.position, s.epoch_batches = position, n
 
