@@ -229,6 +229,7 @@ COMPRESSED_SUFFIXES = (".gz", ".xz", ".zst", ".bz2", ".zip")
 def files_source(cfg: DataConfig) -> dict[str, Iterable[Pair] | None]:
     """Pairs from `data.train/valid/test`: each a PREFIX (PREFIX.en + PREFIX.fr), a .tsv or a .jsonl."""
     out: dict[str, Iterable[Pair] | None] = {}
+    columns_read = False  # src_column/tgt_column apply to .tsv and .jsonl files alone
     for split in SPLITS:
         spec = getattr(cfg, split)
         if spec is None:
@@ -246,6 +247,7 @@ def files_source(cfg: DataConfig) -> dict[str, Iterable[Pair] | None]:
         if path.suffix.lower() in (".tsv", ".jsonl"):  # corpus.TSV too
             _check_file(path, f"data.{split}")
             reader = read_tsv if path.suffix.lower() == ".tsv" else read_jsonl
+            columns_read = True
             out[split] = Lazy(functools.partial(reader, path, cfg))
             log.info(f"files: {split} from {path}")
         else:
@@ -267,8 +269,7 @@ def files_source(cfg: DataConfig) -> dict[str, Iterable[Pair] | None]:
             _check_file(tgt, f"data.{split}")
             out[split] = Lazy(functools.partial(read_parallel, src, tgt))
             log.info(f"files: {split} from {src} + {tgt}")
-    flat = [s for s in SPLITS if getattr(cfg, s) and Path(getattr(cfg, s)).suffix.lower() in (".tsv", ".jsonl")]
-    if (cfg.src_column or cfg.tgt_column) and not flat:
+    if (cfg.src_column or cfg.tgt_column) and not columns_read:
         log.warning("data.src_column/tgt_column: not read from PREFIX files, only from a .tsv or .jsonl (ignored)")
     return out
 
