@@ -32,7 +32,7 @@ train: install  ## prepare, train CONFIG (continuing an earlier run), then score
 	run=$$($(BIN)/python scripts/run_dir.py $(CONFIG)) && $(BIN)/translate evaluate $$run/checkpoints/best.pt \
 		--src $$run/data/test.en --ref $$run/data/test.fr --output $$run/test.hyp.fr --json $$run/test_scores.json
 
-test: install  ## the fast test suite (about 3 minutes on 2 cores; the slow ones: make test-slow)
+test: install  ## the fast test suite (4 to 6 minutes on 2 cores, by the CPU; the slow ones: make test-slow)
 	$(BIN)/python -m pytest -m "not slow"
 
 test-all: install  ## every test, the slow ones too
